@@ -7,9 +7,26 @@ Pure data and validation: no YAML, no files, no environment lookups here
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection, Mapping
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+# A key path into the config document, as pydantic spells it: ("routes", "chat", "fallbacks", 1).
+Loc = tuple[str | int, ...]
+
+# The error type of cross-reference problems, so a loader can tell whether they were checked.
+CROSS_REFERENCE = "cross_reference"
 
 PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
 
@@ -27,34 +44,46 @@ class Overflow(enum.StrEnum):
 
 class ServerConfig(_Model):
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65_535)
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
-    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1024 * 1024)
-    max_response_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    port: int = Field(default=8080, ge=0, le=65_535)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     body_read_timeout_s: PositiveSeconds = 30.0
-    queue_heartbeat_s: float = Field(5.0, gt=0, le=5.0)
-    retry_after_min_s: int = Field(1, ge=1, le=3600)
-    retry_after_max_s: int = Field(60, ge=1, le=3600)
+    queue_heartbeat_s: float = Field(default=5.0, gt=0, le=5.0)
+    retry_after_min_s: int = Field(default=1, ge=1, le=3600)
+    retry_after_max_s: int = Field(default=60, ge=1, le=3600)
     shutdown_timeout_s: PositiveSeconds = 30.0
 
-    @model_validator(mode="after")
-    def _retry_bounds(self) -> Self:
-        if self.retry_after_min_s > self.retry_after_max_s:
-            raise ValueError("retry_after_min_s must not exceed retry_after_max_s")
-        return self
+    # A field validator rather than a model one: it still runs when another server key is
+    # invalid, so a config check reports this problem alongside the others.
+    @field_validator("retry_after_max_s")
+    @classmethod
+    def _retry_bounds(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("retry_after_min_s")
+        if isinstance(low, int) and low > value:
+            raise ValueError(f"must not be less than retry_after_min_s ({low})")
+        return value
 
 
 class SimulatedSpec(_Model):
     """An in-process simulated engine standing in for a real backend."""
 
-    max_num_seqs: int = Field(4, ge=1, le=4096)
-    ttft_s: float = Field(0.2, ge=0, le=600)
-    prefill_s_per_token: float = Field(0.0, ge=0, le=1)
-    tokens_per_s: float = Field(30.0, ge=0, le=1_000_000)  # 0 = no decode delay
-    batch_slowdown: float = Field(0.0, ge=0, le=10)  # decode slows by this per extra sequence
-    output_tokens: int = Field(64, ge=1, le=1_000_000)  # mean length when max_tokens allows
-    output_tokens_spread: float = Field(0.0, ge=0, le=1)  # uniform +/- fraction of the mean
+    max_num_seqs: int = Field(default=4, ge=1, le=4096)
+    ttft_s: float = Field(default=0.2, ge=0, le=600)
+    prefill_s_per_token: float = Field(default=0.0, ge=0, le=1)
+    tokens_per_s: float = Field(default=30.0, ge=0, le=1_000_000)  # 0 = no decode delay
+    # decode slows by this fraction per extra sequence in the batch
+    batch_slowdown: float = Field(default=0.0, ge=0, le=10)
+    output_tokens: int = Field(default=64, ge=1, le=1_000_000)  # mean length when max_tokens allows
+    output_tokens_spread: float = Field(default=0.0, ge=0, le=1)  # uniform +/- fraction of the mean
     seed: int | None = None
+
+
+def target_problem(url: object, simulated: object) -> str | None:
+    """A backend is either a real engine at `url` or an in-process simulated one."""
+    if (url is None) == (simulated is None):
+        return "give exactly one of 'url' or 'simulated'"
+    return None
 
 
 class BackendConfig(_Model):
@@ -62,10 +91,10 @@ class BackendConfig(_Model):
     simulated: SimulatedSpec | None = None
     model: str = Field(min_length=1, max_length=256)
     slots: int = Field(ge=1, le=100_000)
-    queue_limit: int = Field(0, ge=0, le=100_000)
+    queue_limit: int = Field(default=0, ge=0, le=100_000)
     queue_timeout_s: PositiveSeconds = 60.0
-    context_window: int | None = Field(None, ge=1)
-    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    context_window: int | None = Field(default=None, ge=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     connect_timeout_s: PositiveSeconds = 5.0
     first_byte_timeout_s: PositiveSeconds = 60.0
     idle_timeout_s: PositiveSeconds = 60.0
@@ -73,8 +102,8 @@ class BackendConfig(_Model):
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
-        if (self.url is None) == (self.simulated is None):
-            raise ValueError("give exactly one of 'url' or 'simulated'")
+        if problem := target_problem(self.url, self.simulated):
+            raise ValueError(problem)
         return self
 
 
@@ -84,6 +113,30 @@ class RouteConfig(_Model):
     overflow: Overflow = Overflow.FALLBACK
 
 
+def cross_check(
+    backends: Collection[str], routes: Mapping[str, RouteConfig]
+) -> list[tuple[Loc, str]]:
+    """Problems between sections, each with the key path it is about (empty if none)."""
+    known = ", ".join(backends) or "none"
+    problems: list[tuple[Loc, str]] = []
+    for name, route in routes.items():
+        if route.primary not in backends:
+            problems.append(
+                (("routes", name, "primary"), f"unknown backend {route.primary!r} (known: {known})")
+            )
+        seen: dict[str, int] = {}
+        for index, target in enumerate(route.fallbacks):
+            loc: Loc = ("routes", name, "fallbacks", index)
+            if target == route.primary:
+                problems.append((loc, f"{target!r} is this route's primary, not a fallback"))
+            elif target in seen:
+                problems.append((loc, f"{target!r} is already fallbacks[{seen[target]}]"))
+            elif target not in backends:
+                problems.append((loc, f"unknown backend {target!r} (known: {known})"))
+            seen.setdefault(target, index)
+    return problems
+
+
 class Config(_Model):
     server: ServerConfig = ServerConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
@@ -91,15 +144,15 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Self:
-        problems: list[str] = []
-        for name, route in self.routes.items():
-            for target in (route.primary, *route.fallbacks):
-                if target not in self.backends:
-                    problems.append(f"route {name!r} names unknown backend {target!r}")
-            if route.primary in route.fallbacks:
-                problems.append(f"route {name!r} lists its primary among its fallbacks")
-            if len(set(route.fallbacks)) != len(route.fallbacks):
-                problems.append(f"route {name!r} lists a fallback twice")
-        if problems:
-            raise ValueError("; ".join(problems))
+        # One pydantic error per problem, each at its own key path, so callers can point at it.
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError(CROSS_REFERENCE, "{message}", {"message": message}),
+                loc=loc,
+                input=None,
+            )
+            for loc, message in cross_check(self.backends.keys(), self.routes)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self

@@ -1,0 +1,70 @@
+"""Admission: run now, wait in a queue, or reject. Pure: snapshots in, a decision out.
+
+Order: a free slot on the primary; room in the primary's queue; then, when the route
+allows overflow, a fallback with a free slot, then a fallback with queue room
+(each in the route's order); otherwise reject with a Retry-After.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.config import Overflow
+from policies.eta import retry_after_s
+from policies.slots import PoolSnapshot
+
+
+class RouteReason(enum.StrEnum):
+    PRIMARY = "primary"
+    OVERFLOW = "overflow"
+
+
+class RejectReason(enum.StrEnum):
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    pool: str
+    reason: RouteReason
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    pool: str
+    reason: RouteReason
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    reason: RejectReason
+    retry_after_s: int
+
+
+Decision = Run | Wait | Reject
+
+
+def decide(
+    primary: PoolSnapshot,
+    fallbacks: Sequence[PoolSnapshot],
+    overflow: Overflow,
+    retry_floor_s: int = 1,
+    retry_cap_s: int = 60,
+) -> Decision:
+    if primary.free > 0 and primary.queued == 0:
+        return Run(primary.name, RouteReason.PRIMARY)
+    if primary.queue_room > 0:
+        return Wait(primary.name, RouteReason.PRIMARY)
+    considered = [primary]
+    if overflow is Overflow.FALLBACK:
+        for pool in fallbacks:
+            if pool.free > 0 and pool.queued == 0:
+                return Run(pool.name, RouteReason.OVERFLOW)
+        for pool in fallbacks:
+            if pool.queue_room > 0:
+                return Wait(pool.name, RouteReason.OVERFLOW)
+        considered.extend(fallbacks)
+    return Reject(RejectReason.QUEUE_FULL, retry_after_s(considered, retry_floor_s, retry_cap_s))

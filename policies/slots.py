@@ -1,0 +1,236 @@
+"""Slot pools: bounded concurrency per backend with a bounded FIFO queue.
+
+`SlotPool` is the role; `LocalSlotPool` is the in-process mechanism (asyncio, one
+event loop). A release hands the slot straight to the oldest live waiter: no polling,
+no wake-all, no barging. No I/O here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from policies.eta import HoldTimeEstimator
+
+
+class QueueTimeout(Exception):
+    """The ticket waited past its deadline without being granted a slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """The facts admission decides on, read at one instant."""
+
+    name: str
+    capacity: int
+    active: int
+    queued: int
+    queue_limit: int
+    mean_hold_s: float
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.active)
+
+    @property
+    def queue_room(self) -> int:
+        return max(0, self.queue_limit - self.queued)
+
+
+class Lease(Protocol):
+    """One held slot. `release` is idempotent and must run on every path."""
+
+    @property
+    def pool(self) -> str: ...
+
+    @property
+    def held_s(self) -> float: ...
+
+    async def release(self) -> None: ...
+
+
+class Ticket(Protocol):
+    """A place in a pool's queue."""
+
+    @property
+    def position(self) -> int: ...  # 1 = next to be served
+
+    async def wait(self, timeout_s: float) -> Lease: ...  # raises QueueTimeout
+
+    async def withdraw(self) -> None: ...  # leave the queue; pass on a slot granted meanwhile
+
+
+class SlotPool(Protocol):
+    name: str
+
+    def snapshot(self) -> PoolSnapshot: ...
+
+    async def try_acquire(self) -> Lease | None: ...  # a free slot now, or None
+
+    async def enqueue(self) -> Ticket | None: ...  # a ticket, or None when the queue is full
+
+
+Clock = Callable[[], float]
+
+
+class LocalLease:
+    __slots__ = ("_granted_at", "_pool", "released")
+
+    def __init__(self, pool: LocalSlotPool, granted_at: float) -> None:
+        self._pool = pool
+        self._granted_at = granted_at
+        self.released = False
+
+    @property
+    def pool(self) -> str:
+        return self._pool.name
+
+    @property
+    def held_s(self) -> float:
+        return self._pool.clock() - self._granted_at
+
+    async def release(self) -> None:
+        self.release_now()
+
+    def release_now(self) -> None:
+        if not self.released:
+            self.released = True
+            self._pool._release(self)
+
+
+class LocalTicket:
+    __slots__ = ("_claimed", "_future", "_pool", "enqueued_at")
+
+    def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease]) -> None:
+        self._pool = pool
+        self._future = future
+        self._claimed = False
+        self.enqueued_at = pool.clock()
+
+    @property
+    def position(self) -> int:
+        return self._pool._position(self)
+
+    async def wait(self, timeout_s: float) -> LocalLease:
+        try:
+            async with asyncio.timeout(timeout_s):
+                lease = await self._future
+        except TimeoutError:
+            lease = self._granted()
+            if lease is None:  # else: granted at the very instant the deadline passed
+                self.withdraw_now()
+                raise QueueTimeout from None
+        except BaseException:
+            self.withdraw_now()  # cancelled: the client is gone
+            raise
+        self._claimed = True
+        return lease
+
+    async def withdraw(self) -> None:
+        self.withdraw_now()
+
+    def withdraw_now(self) -> None:
+        self._pool._leave(self)
+        granted = self._granted()
+        if granted is not None and not self._claimed:
+            self._claimed = True
+            granted.release_now()  # handed over meanwhile: pass it on to the next waiter
+
+    def _granted(self) -> LocalLease | None:
+        fut = self._future
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        return None
+
+
+class LocalSlotPool:
+    """`capacity` slots and a FIFO queue of at most `queue_limit` tickets."""
+
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        queue_limit: int,
+        estimator: HoldTimeEstimator,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.queue_limit = queue_limit
+        self.estimator = estimator
+        self.clock = clock
+        self.active = 0
+        self._waiters: OrderedDict[LocalTicket, None] = OrderedDict()
+        self._watchers: list[Callable[[LocalSlotPool], None]] = []
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def snapshot(self) -> PoolSnapshot:
+        return PoolSnapshot(
+            self.name,
+            self.capacity,
+            self.active,
+            len(self._waiters),
+            self.queue_limit,
+            self.estimator.mean_s,
+        )
+
+    def watch(self, callback: Callable[[LocalSlotPool], None]) -> Callable[[], None]:
+        """Call `callback(pool)` after every change of active or queued; returns an unwatch."""
+        self._watchers.append(callback)
+        return lambda: self._watchers.remove(callback)
+
+    async def try_acquire(self) -> LocalLease | None:
+        return self.acquire_nowait()
+
+    def acquire_nowait(self) -> LocalLease | None:
+        # Newcomers never overtake waiters: a slot only becomes free when nobody waits.
+        if self.active >= self.capacity or self._waiters:
+            return None
+        self.active += 1
+        self._changed()
+        return LocalLease(self, self.clock())
+
+    async def enqueue(self) -> LocalTicket | None:
+        return self.enqueue_nowait()
+
+    def enqueue_nowait(self) -> LocalTicket | None:
+        if len(self._waiters) >= self.queue_limit:
+            return None
+        ticket = LocalTicket(self, asyncio.get_running_loop().create_future())
+        self._waiters[ticket] = None
+        self._changed()
+        return ticket
+
+    def _position(self, ticket: LocalTicket) -> int:
+        for i, waiter in enumerate(self._waiters, 1):
+            if waiter is ticket:
+                return i
+        return 0
+
+    def _leave(self, ticket: LocalTicket) -> None:
+        if ticket in self._waiters:
+            del self._waiters[ticket]
+            self._changed()
+
+    def _release(self, lease: LocalLease) -> None:
+        now = self.clock()
+        self.estimator.observe(now - lease._granted_at)
+        while self._waiters:
+            ticket, _ = self._waiters.popitem(last=False)
+            if not ticket._future.done():  # skip tickets cancelled but not yet gone
+                ticket._future.set_result(LocalLease(self, now))
+                self._changed()
+                return
+        self.active -= 1
+        self._changed()
+
+    def _changed(self) -> None:
+        for callback in self._watchers:
+            callback(self)

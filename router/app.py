@@ -1,0 +1,152 @@
+"""create_app(config) -> web.Application, and the runner that serves it.
+
+Everything long-lived (simulated engines, upstream sessions, pools) is built in one
+cleanup context and torn down in reverse; nothing lives at module level.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from policies.config import Config
+from policies.eta import HoldTimeEstimator
+from policies.slots import LocalSlotPool
+from router import dispatch
+from router.gateway import GATEWAY, Gateway
+from router.openai_api import ApiError
+from router.proxy import Upstream
+from router.simulated import start_simulator
+
+log = logging.getLogger("slotgate")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(config: Config) -> web.Application:
+    app = web.Application(
+        client_max_size=config.server.max_body_bytes,
+        middlewares=[_openai_errors],
+        handler_args={
+            "max_line_size": config.server.max_header_bytes,
+            "max_field_size": config.server.max_header_bytes,
+        },
+    )
+    app[GATEWAY] = Gateway(config)
+    app.cleanup_ctx.append(_gateway_ctx)
+    app.router.add_post("/v1/chat/completions", dispatch.chat_completions)
+    app.router.add_post("/v1/completions", dispatch.completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    return app
+
+
+async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
+    gw = app[GATEWAY]
+    try:
+        for name, backend in gw.config.backends.items():
+            if backend.simulated is not None:
+                sim = await start_simulator(backend.simulated, backend.model)
+                gw.simulators[name] = sim
+                base_url = sim.url + "/v1"
+            else:
+                base_url = str(backend.url).rstrip("/")
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=backend.connect_timeout_s
+                ),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
+            gw.upstreams[name] = Upstream(name, backend, base_url, session)
+            gw.pools[name] = LocalSlotPool(
+                name, backend.slots, backend.queue_limit,
+                HoldTimeEstimator(backend.initial_hold_s),
+            )
+        gw.ready = True
+        yield
+    finally:
+        gw.ready = False
+        for upstream in gw.upstreams.values():
+            await upstream.session.close()
+        for sim in gw.simulators.values():
+            await sim.close()
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer the framework's own errors (404, 405, ...) in OpenAI's shape too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind,
+                        code=exc.reason.lower().replace(" ", "_")).response()
+
+
+async def _models(request: web.Request) -> web.Response:
+    config = request.app[GATEWAY].config
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "slotgate"}
+        for name in config.routes
+    ]
+    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    ready = request.app[GATEWAY].ready
+    return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+
+def _dumps(obj: object) -> str:
+    return orjson.dumps(obj).decode()
+
+
+@dataclass
+class RunningGateway:
+    app: web.Application
+    runner: web.AppRunner
+    url: str  # e.g. http://127.0.0.1:8080
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.app[GATEWAY]
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_gateway(config: Config, host: str | None = None, port: int | None = None
+                        ) -> RunningGateway:
+    """Serve `config` on host:port (port 0 picks a free one) until `close()`."""
+    app = create_app(config)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that leaves cancels its handler: slot freed
+        access_log=None,
+        shutdown_timeout=config.server.shutdown_timeout_s,
+    )
+    await runner.setup()
+    host = host if host is not None else config.server.host
+    port = port if port is not None else config.server.port
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+    bound = sockets[0].getsockname()[1] if sockets else port
+    url = f"http://{host}:{bound}"
+    log.info("slotgate listening on %s (%d backends, %d routes)", url,
+             len(config.backends), len(config.routes))
+    return RunningGateway(app, runner, url)

@@ -1,0 +1,275 @@
+"""One request's life: parse -> route -> admit -> (wait) -> forward -> release -> record.
+
+The decisions come from `policies`; this module carries them out. The slot lease is
+released in `finally` on every path, and a client that leaves while queued leaves
+the queue at once (its handler is cancelled and the ticket withdrawn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+
+import orjson
+from aiohttp import web
+
+from policies.admission import Reject, RejectReason, Run, Wait, decide
+from policies.config import RouteConfig
+from policies.eta import retry_after_s
+from policies.slots import Lease, QueueTimeout, SlotPool, Ticket
+from router.gateway import GATEWAY, Gateway
+from router.openai_api import (
+    ApiError,
+    Endpoint,
+    ParsedRequest,
+    parse_request,
+    read_body,
+    upstream_body,
+)
+from router.proxy import SSE_HEADERS, ClientGone, Relay, forward
+from router.sse import Usage, comment
+
+log = logging.getLogger("slotgate.access")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
+
+
+class Phase(enum.StrEnum):
+    """Where a request was when it ended; names the disconnect phase."""
+
+    ADMISSION = "admission"
+    QUEUED = "queued"
+    BEFORE_FIRST_BYTE = "before_first_byte"
+    STREAMING = "streaming"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """The facts of one request: logged, and kept for the ledger (never content)."""
+
+    request_id: str
+    endpoint: str
+    started_at: float
+    route: str | None = None
+    backend: str | None = None
+    reason: str | None = None
+    stream: bool = False
+    status: int = 0
+    error: str | None = None
+    queue_wait_ms: float = 0.0
+    ttft_ms: float | None = None
+    total_ms: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    phase: Phase = Phase.ADMISSION
+    disconnect: Phase | None = None
+
+
+def request_id(request: web.Request) -> str:
+    given = request.headers.get("X-Request-Id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    return os.urandom(12).hex()
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await handle(request, Endpoint.CHAT)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await handle(request, Endpoint.COMPLETIONS)
+
+
+async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    loop = asyncio.get_running_loop()
+    rec = RequestRecord(request_id(request), endpoint.value, loop.time())
+    exchange = Exchange(request, gw, rec)
+    try:
+        async with asyncio.timeout(gw.config.server.body_read_timeout_s):
+            raw = await read_body(request, gw.config.server.max_body_bytes)
+        parsed = parse_request(raw, endpoint)
+        rec.stream = parsed.stream
+        route = gw.config.routes.get(parsed.model)
+        if route is None:
+            raise ApiError(404, f"The model '{parsed.model}' does not exist.",
+                           code="model_not_found", param="model")
+        rec.route = parsed.model
+        response = await exchange.run(parsed, route)
+        rec.status = response.status
+        return response
+    except ApiError as err:
+        rec.status, rec.error = err.status, err.code
+        return await exchange.fail(err)
+    except ClientGone:
+        rec.disconnect = rec.phase
+        return exchange.response or web.Response(status=499)
+    except asyncio.CancelledError:
+        rec.disconnect = rec.phase
+        raise
+    finally:
+        rec.total_ms = (loop.time() - rec.started_at) * 1000
+        gw.record(rec)
+        if log.isEnabledFor(logging.INFO):
+            log.info(orjson.dumps(asdict(rec)).decode())
+
+
+class Exchange:
+    """The state of one request while it is admitted, queued and forwarded."""
+
+    __slots__ = ("gw", "rec", "request", "response")
+
+    def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord) -> None:
+        self.request = request
+        self.gw = gw
+        self.rec = rec
+        self.response: web.StreamResponse | None = None  # set once SSE headers went out
+
+    async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
+        lease = await self.admit(parsed, route)
+        try:
+            self.rec.phase = Phase.BEFORE_FIRST_BYTE
+            return await self.forward(parsed, lease.pool)
+        finally:
+            await lease.release()
+
+    async def admit(self, parsed: ParsedRequest, route: RouteConfig) -> Lease:
+        gw, rec = self.gw, self.rec
+        server = gw.config.server
+        primary = gw.pools[route.primary]
+        fallbacks = [gw.pools[name] for name in route.fallbacks]
+        for _ in range(_ADMIT_ATTEMPTS):
+            decision = decide(
+                primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow,
+                server.retry_after_min_s, server.retry_after_max_s,
+            )
+            if isinstance(decision, Reject):
+                raise self.rejection(decision.reason, decision.retry_after_s)
+            pool = gw.pools[decision.pool]
+            rec.backend, rec.reason = pool.name, decision.reason.value
+            if isinstance(decision, Run):
+                lease = await pool.try_acquire()
+                if lease is not None:
+                    return lease
+            elif isinstance(decision, Wait):
+                ticket = await pool.enqueue()
+                if ticket is not None:
+                    return await self.wait(parsed, pool, ticket)
+        raise self.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s)
+
+    async def wait(self, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket) -> Lease:
+        loop = asyncio.get_running_loop()
+        rec = self.rec
+        rec.phase = Phase.QUEUED
+        queued_at = loop.time()
+        heartbeat = None
+        if parsed.stream:
+            try:
+                await self.open_stream()
+            except BaseException:
+                await ticket.withdraw()
+                raise
+            heartbeat = asyncio.create_task(self.heartbeat(ticket))
+        try:
+            lease = await ticket.wait(self.gw.config.backends[pool.name].queue_timeout_s)
+        except QueueTimeout:
+            server = self.gw.config.server
+            retry = retry_after_s([pool.snapshot()], server.retry_after_min_s,
+                                  server.retry_after_max_s)
+            raise self.rejection(RejectReason.QUEUE_TIMEOUT, retry) from None
+        finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
+            rec.queue_wait_ms = (loop.time() - queued_at) * 1000
+        return lease
+
+    async def open_stream(self) -> None:
+        """A stream that must wait gets its 200 and SSE headers at once."""
+        response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **self.headers()})
+        self.response = response
+        try:
+            await response.prepare(self.request)
+        except ConnectionResetError:
+            raise ClientGone from None
+
+    async def heartbeat(self, ticket: Ticket) -> None:
+        """Say where the ticket stands now and every few seconds, so idle timeouts never fire."""
+        assert self.response is not None
+        every = self.gw.config.server.queue_heartbeat_s
+        try:
+            while True:
+                await self.response.write(comment(f"queued position={ticket.position}"))
+                await asyncio.sleep(every)
+        except ConnectionResetError:
+            return  # the client left; its handler is being cancelled
+
+    async def forward(self, parsed: ParsedRequest, backend: str) -> web.StreamResponse:
+        gw, rec = self.gw, self.rec
+        upstream = gw.upstreams[backend]
+        body = upstream_body(parsed, upstream.config.model)
+        if self.response is not None:
+            await self._send(comment(f"slot granted backend={backend} "
+                                     f"queue_wait_ms={rec.queue_wait_ms:.0f}"))
+        relay = Relay(Usage())
+        try:
+            response = await forward(
+                self.request, upstream, parsed.endpoint, body, parsed.stream,
+                strip_usage=parsed.stream and not parsed.wants_usage,
+                request_id=rec.request_id, response=self.response,
+                extra_headers=self.headers(),
+                max_response_bytes=gw.config.server.max_response_bytes, relay=relay,
+            )
+            rec.phase = Phase.DONE
+            return response
+        finally:
+            if relay.streaming and rec.phase is not Phase.DONE:
+                rec.phase = Phase.STREAMING
+            if relay.first_byte_at is not None:
+                rec.ttft_ms = (relay.first_byte_at - rec.started_at) * 1000
+            if relay.usage.known:
+                rec.prompt_tokens = relay.usage.prompt_tokens
+                rec.completion_tokens = relay.usage.completion_tokens
+
+    def headers(self) -> dict[str, str]:
+        rec = self.rec
+        out = {"x-request-id": rec.request_id}
+        if rec.backend:
+            out["x-slotgate-backend"] = rec.backend
+            out["x-slotgate-route-reason"] = rec.reason or ""
+            if rec.phase is not Phase.QUEUED:
+                out["x-slotgate-queue-wait-ms"] = f"{rec.queue_wait_ms:.0f}"
+        return out
+
+    def rejection(self, reason: RejectReason, retry_s: int) -> ApiError:
+        if reason is RejectReason.QUEUE_FULL:
+            err = ApiError(429, "All slots and queues for this model are full; retry later.",
+                           "rate_limit_error", reason.value)
+        else:
+            err = ApiError(503, "Timed out waiting in the queue for a free slot; retry later.",
+                           "server_error", reason.value)
+        err.headers.update({"Retry-After": str(retry_s), "x-slotgate-reject-reason": reason.value})
+        return err
+
+    async def fail(self, err: ApiError) -> web.StreamResponse:
+        err.headers.update(self.headers())
+        if self.response is None:
+            return err.response()
+        with contextlib.suppress(ClientGone):  # a stream already said 200: tell it in-band
+            await self._send(err.sse_event())
+            await self.response.write_eof()
+        return self.response
+
+    async def _send(self, data: bytes) -> None:
+        assert self.response is not None
+        try:
+            await self.response.write(data)
+        except ConnectionResetError:
+            raise ClientGone from None

@@ -1,0 +1,239 @@
+"""Forward one admitted request to its backend and relay the answer.
+
+Streams are relayed event by event as they arrive (no buffering); non-streams are
+read whole (bounded). Any early exit closes the upstream connection, which is how an
+engine learns to abort the generation. Upstream URLs and keys come only from config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from policies.config import BackendConfig
+from router.openai_api import ApiError, Endpoint
+from router.sse import EventRelay, Usage
+
+# RFC 9110 section 7.6.1, plus what must never cross the gateway in either direction.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
+        "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
+    }
+)
+_NOT_FORWARDED = _HOP_BY_HOP | {
+    "host", "content-length", "content-type", "accept-encoding", "authorization",
+    "api-key", "x-api-key", "cookie", "expect",
+}
+_NOT_RETURNED = _HOP_BY_HOP | {
+    "content-length", "content-encoding", "content-type", "date", "server", "set-cookie",
+}
+ERROR_BODY_LIMIT = 64 * 1024
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+class ClientGone(Exception):
+    """The downstream client closed its connection."""
+
+
+@dataclass(slots=True)
+class Upstream:
+    """One backend as the proxy sees it: where, with which key, over which session."""
+
+    name: str
+    config: BackendConfig
+    base_url: str  # the OpenAI base, ending in /v1
+    session: aiohttp.ClientSession
+
+    def url(self, endpoint: Endpoint) -> str:
+        return self.base_url + endpoint.value.removeprefix("/v1")
+
+    def auth_header(self) -> str | None:
+        env = self.config.api_key_env
+        key = os.environ.get(env) if env else None
+        return f"Bearer {key}" if key else None
+
+
+@dataclass(slots=True)
+class Relay:
+    """What one forwarded request learned, for the record."""
+
+    usage: Usage
+    status: int = 0
+    first_byte_at: float | None = None
+    streaming: bool = False  # bytes of the answer reached the client
+
+
+def forward_headers(headers: CIMultiDictProxy[str], upstream: Upstream, request_id: str) -> CIMultiDict[str]:
+    drop = _NOT_FORWARDED | _connection_listed(headers)
+    out: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in headers.items() if k.lower() not in drop
+    )
+    out["Content-Type"] = "application/json"
+    out["Accept-Encoding"] = "identity"
+    out["X-Request-Id"] = request_id
+    auth = upstream.auth_header()
+    if auth:
+        out["Authorization"] = auth
+    return out
+
+
+def returned_headers(headers: CIMultiDictProxy[str]) -> dict[str, str]:
+    drop = _NOT_RETURNED | _connection_listed(headers)
+    return {k: v for k, v in headers.items() if k.lower() not in drop}
+
+
+def _connection_listed(headers: CIMultiDictProxy[str]) -> set[str]:
+    listed = headers.getall("Connection", ())
+    return {name.strip().lower() for value in listed for name in value.split(",")}
+
+
+async def forward(
+    request: web.Request,
+    upstream: Upstream,
+    endpoint: Endpoint,
+    body: bytes,
+    stream: bool,
+    strip_usage: bool,
+    request_id: str,
+    response: web.StreamResponse | None,
+    extra_headers: dict[str, str],
+    max_response_bytes: int,
+    relay: Relay,
+) -> web.StreamResponse:
+    """Send `body` upstream and answer the client.
+
+    `response` is an already prepared SSE response (a stream that had to queue) or None.
+    `relay` is filled in as the exchange goes. Raises ApiError for upstream failures
+    (the caller answers them, in-band once a stream has begun) and ClientGone.
+    """
+    loop = asyncio.get_running_loop()
+    cfg = upstream.config
+    deadline = asyncio.timeout(cfg.first_byte_timeout_s)
+    headers = forward_headers(request.headers, upstream, request_id)
+    up: aiohttp.ClientResponse | None = None
+    done = False
+    try:
+        async with deadline:
+            up = await upstream.session.post(upstream.url(endpoint), data=body, headers=headers)
+            relay.status = up.status
+            if up.status != 200:
+                raise await _upstream_error(up, upstream.name)
+            if not stream:
+                raw = await _read_bounded(up, max_response_bytes, deadline, cfg.idle_timeout_s)
+                relay.first_byte_at = loop.time()
+                _usage_from_body(raw, relay.usage)
+                done = True
+                out = web.Response(body=raw, status=200, headers=returned_headers(up.headers))
+                out.headers.update(extra_headers)
+                out.content_type = "application/json"
+                return out
+            events = EventRelay(strip_usage, relay.usage)
+            first = await up.content.readany()
+            relay.first_byte_at = loop.time()
+            if response is None:
+                response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
+                await _send(response.prepare(request))
+            relay.streaming = True
+            chunk = first
+            while chunk:
+                out_bytes = events.feed(chunk)
+                if out_bytes:
+                    await _send(response.write(out_bytes))
+                deadline.reschedule(loop.time() + cfg.idle_timeout_s)
+                chunk = await up.content.readany()
+            tail = events.flush()
+            if tail:
+                await _send(response.write(tail))
+            done = True
+            await _send(response.write_eof())
+            return response
+    except aiohttp.ConnectionTimeoutError:
+        raise ApiError(502, f"Backend '{upstream.name}' is unreachable (connect timeout).",
+                       "api_error", "upstream_unreachable") from None
+    except TimeoutError:
+        if deadline.expired():
+            if relay.first_byte_at is None:
+                raise ApiError(504, f"Backend '{upstream.name}' sent no first byte within "
+                               f"{cfg.first_byte_timeout_s:g} s.", "api_error",
+                               "upstream_timeout") from None
+            raise ApiError(504, f"Backend '{upstream.name}' went idle for "
+                           f"{cfg.idle_timeout_s:g} s.", "api_error", "upstream_timeout") from None
+        raise
+    except aiohttp.ClientError as exc:
+        what = "is unreachable" if relay.status == 0 else "dropped the connection"
+        raise ApiError(502, f"Backend '{upstream.name}' {what}: {type(exc).__name__}.",
+                       "api_error", "upstream_unreachable" if relay.status == 0
+                       else "upstream_dropped") from None
+    finally:
+        if up is not None:
+            if done:
+                up.release()
+            else:
+                up.close()  # drop the connection: the engine aborts the generation
+
+
+async def _send(write: Any) -> None:
+    try:
+        await write
+    except ConnectionResetError:
+        raise ClientGone from None
+
+
+async def _read_bounded(
+    up: aiohttp.ClientResponse, limit: int, deadline: asyncio.Timeout, idle_s: float
+) -> bytes:
+    loop = asyncio.get_running_loop()
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await up.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(502, f"Backend answer exceeds {limit} bytes.", "api_error",
+                           "upstream_too_large")
+        parts.append(chunk)
+        deadline.reschedule(loop.time() + idle_s)
+    return b"".join(parts)
+
+
+def _usage_from_body(raw: bytes, usage: Usage) -> None:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(obj, dict):
+        usage.update(obj.get("usage"))
+
+
+async def _upstream_error(up: aiohttp.ClientResponse, name: str) -> ApiError:
+    """Relay the backend's own error (status and OpenAI-shaped message) when it has one."""
+    raw = await up.content.read(ERROR_BODY_LIMIT)
+    message = f"Backend '{name}' answered HTTP {up.status}."
+    kind, code = "api_error", "upstream_error"
+    try:
+        err = orjson.loads(raw).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        err = None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        message = err["message"]
+        kind = err["type"] if isinstance(err.get("type"), str) else kind
+        code = err["code"] if isinstance(err.get("code"), str) else code
+    elif isinstance(err, str):
+        message = err
+    status = up.status if 400 <= up.status <= 599 else 502
+    headers = {}
+    if status == 429 and "Retry-After" in up.headers:
+        headers["Retry-After"] = up.headers["Retry-After"]
+    return ApiError(status, message, kind, code, headers=headers)

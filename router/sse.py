@@ -1,0 +1,97 @@
+"""SSE framing: cut an upstream byte stream into whole events, find usage, write comments.
+
+Events are forwarded as soon as they are whole; only the events that carry a usage
+object are parsed (most chunks are passed on without being decoded).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import orjson
+
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_BOUNDARY = b"\n\n"
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    known: bool = False
+
+    def update(self, usage: object) -> None:
+        if isinstance(usage, dict):
+            prompt = usage.get("prompt_tokens")
+            completion = usage.get("completion_tokens")
+            if isinstance(prompt, int) and isinstance(completion, int):
+                self.prompt_tokens = prompt
+                self.completion_tokens = completion
+                self.known = True
+
+
+class EventRelay:
+    """Feed upstream bytes in; get back the bytes to send downstream.
+
+    Whole events pass through untouched, except that the usage-only chunk the gateway
+    asked for (`choices: []` plus `usage`) is removed when the client did not ask for it.
+    """
+
+    __slots__ = ("_pending", "strip_usage", "usage")
+
+    def __init__(self, strip_usage: bool, usage: Usage) -> None:
+        self._pending = b""
+        self.strip_usage = strip_usage
+        self.usage = usage
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk if self._pending else chunk
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        end = data.rfind(_BOUNDARY)
+        if end < 0:
+            self._pending = data
+            return b""
+        end += len(_BOUNDARY)
+        whole, self._pending = data[:end], data[end:]
+        if _USAGE.search(whole) is None:
+            return whole
+        return b"".join(self._inspect(event) for event in _events(whole))
+
+    def flush(self) -> bytes:
+        """Whatever is left when the upstream ends (an unterminated last event)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+    def _inspect(self, event: bytes) -> bytes:
+        if _USAGE.search(event) is None:
+            return event
+        payload = _data(event)
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return event
+        if not isinstance(obj, dict):
+            return event
+        self.usage.update(obj.get("usage"))
+        if self.strip_usage and obj.get("choices") == []:
+            return b""
+        return event
+
+
+def _events(whole: bytes) -> list[bytes]:
+    parts = whole.split(_BOUNDARY)
+    return [part + _BOUNDARY for part in parts if part]
+
+
+def _data(event: bytes) -> bytes:
+    lines = [
+        line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
+    ]
+    return b"\n".join(lines)
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment line: every OpenAI SDK ignores it, proxies see traffic."""
+    return b": " + text.encode() + b"\n\n"

@@ -1,0 +1,121 @@
+"""Shared fixtures: real gateways on loopback ports over simulated engines.
+
+Every integration test ends with `await assert_idle(gw)`: no slot held, no ticket queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+from router.app import RunningGateway, start_gateway
+from router.config import config_from_dict
+from router.simulated import SimEngine
+
+REQUIRE_ALL = os.environ.get("SLOTGATE_REQUIRE_ALL") == "1"
+
+
+def require_program(name: str) -> str:
+    """The path of a system program, or skip (fail under SLOTGATE_REQUIRE_ALL=1)."""
+    path = shutil.which(name)
+    if path is None:
+        reason = f"{name} is not installed (apt-get install it, or see .ci/run)"
+        if REQUIRE_ALL:
+            pytest.fail(reason + "; SLOTGATE_REQUIRE_ALL=1 forbids skipping")
+        pytest.skip(reason)
+    return path
+
+
+def sim_backend(model: str, slots: int, queue_limit: int = 0, **extra: Any) -> dict[str, Any]:
+    """A backend entry over a fast simulated engine with exactly `slots` sequences."""
+    sim = {"max_num_seqs": slots, "ttft_s": 0, "tokens_per_s": 0, "output_tokens": 8}
+    sim.update(extra.pop("sim", {}))
+    return {"simulated": sim, "model": model, "slots": slots, "queue_limit": queue_limit,
+            **extra}
+
+
+def gateway_config(
+    primary: dict[str, Any],
+    fallback: dict[str, Any] | None = None,
+    overflow: str = "reject",
+    server: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    backends = {"big": primary}
+    route: dict[str, Any] = {"primary": "big", "overflow": overflow}
+    if fallback is not None:
+        backends["small"] = fallback
+        route["fallbacks"] = ["small"]
+    return {"server": server or {}, "backends": backends, "routes": {"chat": route}}
+
+
+StartGateway = Callable[[dict[str, Any]], Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[StartGateway]:
+    running: list[RunningGateway] = []
+
+    async def _start(raw: dict[str, Any]) -> RunningGateway:
+        gw = await start_gateway(config_from_dict(raw), "127.0.0.1", 0)
+        running.append(gw)
+        return gw
+
+    yield _start
+    for gw in running:
+        await gw.close()
+
+
+def sdk(gw: RunningGateway, **kwargs: Any) -> AsyncOpenAI:
+    """The official SDK pointed at the gateway; no retries so every status is seen."""
+    return AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-client-secret", max_retries=0,
+                       **kwargs)
+
+
+def engine(gw: RunningGateway, backend: str = "big") -> SimEngine:
+    return gw.gateway.simulators[backend].engine
+
+
+async def wait_pools(gw: RunningGateway, predicate: Callable[[dict[str, tuple[int, int]]], bool],
+                     timeout: float = 10.0) -> None:
+    """Wait, without polling, until predicate({pool: (active, queued)}) holds."""
+    pools = gw.gateway.pools
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def check(_: object = None) -> None:
+        state = {name: (p.active, p.queued) for name, p in pools.items()}
+        if not done.done() and predicate(state):
+            done.set_result(None)
+
+    unwatch = [pool.watch(check) for pool in pools.values()]
+    try:
+        check()
+        async with asyncio.timeout(timeout):
+            await done
+    finally:
+        for stop in unwatch:
+            stop()
+
+
+async def assert_idle(gw: RunningGateway) -> None:
+    """The closing check of every integration test: no slot held, no ticket queued."""
+    try:
+        await wait_pools(gw, lambda s: all(v == (0, 0) for v in s.values()), timeout=5.0)
+    except TimeoutError:
+        state = {n: (p.active, p.queued) for n, p in gw.gateway.pools.items()}
+        pytest.fail(f"pools not idle: {state}")
+
+
+def closed_port() -> int:
+    """A loopback port that nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port

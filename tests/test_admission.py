@@ -1,0 +1,73 @@
+"""admission.decide and Retry-After: tables of cases, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.admission import Reject, RejectReason, RouteReason, Run, Wait, decide
+from policies.config import Overflow
+from policies.eta import HoldTimeEstimator, retry_after_s
+from policies.slots import PoolSnapshot
+
+
+def snap(name: str, cap: int, active: int, queued: int, limit: int, hold: float = 6.0
+         ) -> PoolSnapshot:
+    return PoolSnapshot(name, cap, active, queued, limit, hold)
+
+
+FREE = snap("big", 3, 1, 0, 5)
+QUEUEING = snap("big", 3, 3, 2, 5)
+FULL = snap("big", 3, 3, 5, 5)
+SMALL_FREE = snap("small", 8, 0, 0, 4)
+SMALL_QUEUE = snap("small", 8, 8, 1, 4)
+SMALL_FULL = snap("small", 8, 8, 4, 4)
+
+
+@pytest.mark.parametrize(
+    ("primary", "fallbacks", "overflow", "expected"),
+    [
+        (FREE, [], Overflow.REJECT, Run("big", RouteReason.PRIMARY)),
+        (QUEUEING, [SMALL_FREE], Overflow.FALLBACK, Wait("big", RouteReason.PRIMARY)),
+        (FULL, [SMALL_FREE], Overflow.FALLBACK, Run("small", RouteReason.OVERFLOW)),
+        (FULL, [SMALL_QUEUE], Overflow.FALLBACK, Wait("small", RouteReason.OVERFLOW)),
+        (FULL, [SMALL_FREE], Overflow.REJECT, Reject(RejectReason.QUEUE_FULL, 2)),
+        (FULL, [SMALL_FULL], Overflow.FALLBACK, Reject(RejectReason.QUEUE_FULL, 1)),
+        (FULL, [], Overflow.FALLBACK, Reject(RejectReason.QUEUE_FULL, 2)),
+        # A fallback with a free slot beats queueing on an earlier one.
+        (FULL, [SMALL_QUEUE, snap("tiny", 1, 0, 0, 0)], Overflow.FALLBACK,
+         Run("tiny", RouteReason.OVERFLOW)),
+        # A free slot with waiters in front is no free slot (no barging).
+        (snap("big", 3, 2, 1, 5), [], Overflow.REJECT, Wait("big", RouteReason.PRIMARY)),
+        # A queue of zero: saturated means rejected (or overflowed).
+        (snap("big", 1, 1, 0, 0), [SMALL_FREE], Overflow.FALLBACK,
+         Run("small", RouteReason.OVERFLOW)),
+    ],
+)
+def test_decide(primary: PoolSnapshot, fallbacks: list[PoolSnapshot], overflow: Overflow,
+                expected: object) -> None:
+    assert decide(primary, fallbacks, overflow) == expected
+
+
+@pytest.mark.parametrize(
+    ("pools", "floor", "cap", "expected"),
+    [
+        ([snap("a", 3, 3, 5, 5, hold=6.0)], 1, 60, 2),  # a slot frees every 2 s
+        ([snap("a", 3, 3, 5, 5, hold=0.1)], 1, 60, 1),  # never 0
+        ([snap("a", 1, 1, 5, 5, hold=500.0)], 1, 60, 60),  # capped
+        ([snap("a", 1, 1, 1, 1, hold=30.0), snap("b", 10, 10, 1, 1, hold=30.0)], 1, 60, 3),
+        ([snap("a", 1, 1, 1, 1, hold=3.0)], 5, 60, 5),  # floored
+    ],
+)
+def test_retry_after(pools: list[PoolSnapshot], floor: int, cap: int, expected: int) -> None:
+    assert retry_after_s(pools, floor, cap) == expected
+
+
+def test_hold_estimator_starts_from_first_measurement_then_smooths() -> None:
+    est = HoldTimeEstimator(initial_s=10.0, alpha=0.5)
+    assert est.mean_s == 10.0
+    est.observe(2.0)
+    assert est.mean_s == 2.0
+    est.observe(4.0)
+    assert est.mean_s == 3.0
+    est.observe(-1.0)  # clock oddities are ignored
+    assert est.mean_s == 3.0

@@ -1,0 +1,198 @@
+"""Ten people, three slots: FIFO hand-off, 429s, overflow, disconnects and queue timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+
+from router.app import RunningGateway
+from tests.conftest import (
+    StartGateway,
+    assert_idle,
+    engine,
+    gateway_config,
+    sdk,
+    sim_backend,
+    wait_pools,
+)
+
+MESSAGES = [{"role": "user", "content": "tell me something"}]
+
+
+async def drain_stream(client: openai.AsyncOpenAI, request_id: str) -> str:
+    stream = await client.chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": request_id},
+    )
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+async def send_in_order(gw: RunningGateway, n: int) -> tuple[list[asyncio.Task[str]], list[Any]]:
+    """Send n streams one at a time, each admitted or rejected before the next leaves."""
+    client = sdk(gw)
+    tasks: list[asyncio.Task[str]] = []
+    rejected: list[Any] = []
+    for i in range(n):
+        before = sum(p.active + p.queued for p in gw.gateway.pools.values())
+        task = asyncio.create_task(drain_stream(client, f"req-{i}"))
+        tasks.append(task)
+        admitted = asyncio.create_task(
+            wait_pools(gw, lambda s, b=before: sum(a + q for a, q in s.values()) > b))
+        await asyncio.wait({task, admitted}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # rejected at once, or served before we looked
+            admitted.cancel()
+            if task.exception() is not None:
+                rejected.append(task.exception())
+        else:
+            await admitted
+    return tasks, rejected
+
+
+async def test_ten_requests_three_slots_queue_five(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("big-70b", slots=3, queue_limit=5)))
+    sim = engine(gw)
+    sim.hold()  # every generation waits before its first token until released
+    tasks, rejected = await send_in_order(gw, 10)
+    assert gw.gateway.pools["big"].snapshot().active == 3
+    assert gw.gateway.pools["big"].queued == 5
+    assert len(rejected) == 2
+    for err in rejected:
+        assert isinstance(err, openai.RateLimitError)
+        assert int(err.response.headers["retry-after"]) >= 1
+    sim.release()
+    texts = await asyncio.gather(*tasks[:8])
+    assert all(texts)
+    assert sim.peak == 3  # the engine never saw more than its slots
+    started = sorted(sim.records.values(), key=lambda r: r.started_at)
+    assert [r.request_id for r in started] == [f"req-{i}" for i in range(8)]  # FIFO
+    await assert_idle(gw)
+
+
+async def test_overflow_sends_the_rest_to_the_fallback(start: StartGateway) -> None:
+    gw = await start(gateway_config(
+        sim_backend("big-70b", slots=3, queue_limit=5),
+        sim_backend("small-8b", slots=8, queue_limit=0),
+        overflow="fallback",
+    ))
+    big, small = engine(gw, "big"), engine(gw, "small")
+    big.hold()
+    tasks, rejected = await send_in_order(gw, 10)
+    assert rejected == []
+    await asyncio.gather(*tasks[8:])  # served by the fallback while the primary is held
+    assert set(small.records) == {"req-8", "req-9"}
+    big.release()
+    await asyncio.gather(*tasks[:8])
+    assert set(big.records) == {f"req-{i}" for i in range(8)}
+    assert big.peak == 3
+    reasons = {r.request_id: (r.backend, r.reason) for r in gw.gateway.recent}
+    assert reasons["req-9"] == ("small", "overflow")
+    assert reasons["req-0"] == ("big", "primary")
+    await assert_idle(gw)
+
+
+async def occupy_one_slot(gw: RunningGateway) -> asyncio.Task[Any]:
+    sim = engine(gw)
+    sim.hold()
+    task = asyncio.create_task(sdk(gw).chat.completions.create(
+        model="chat", messages=MESSAGES,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "holder"}))
+    await sim.wait_until(lambda e: "holder" in e.records)
+    return task
+
+
+async def test_stream_that_leaves_while_queued_leaves_the_queue(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
+    holder = await occupy_one_slot(gw)
+    stream = await sdk(gw).chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    assert gw.gateway.pools["big"].queued == 1  # 200 and SSE headers came while queued
+    await stream.close()
+    await wait_pools(gw, lambda s: s["big"] == (1, 0))
+    engine(gw).release()
+    await holder
+    assert set(engine(gw).records) == {"holder"}  # the leaver never reached the engine
+    assert gw.gateway.recent[0].disconnect == "queued"
+    await assert_idle(gw)
+
+
+async def test_non_stream_that_leaves_while_queued_leaves_the_queue(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
+    holder = await occupy_one_slot(gw)
+    waiter = asyncio.create_task(sdk(gw).chat.completions.create(
+        model="chat", messages=MESSAGES))  # type: ignore[arg-type]
+    await wait_pools(gw, lambda s: s["big"] == (1, 1))
+    waiter.cancel()
+    await wait_pools(gw, lambda s: s["big"] == (1, 0))
+    engine(gw).release()
+    await holder
+    await assert_idle(gw)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_leaving_before_the_first_byte_aborts_the_engine(
+    start: StartGateway, stream: bool
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1)))
+    sim = engine(gw)
+    sim.hold()  # the engine accepts the request but produces no token
+    task = asyncio.create_task(sdk(gw).chat.completions.create(
+        model="chat", messages=MESSAGES, stream=stream,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "leaver"}))
+    await sim.wait_until(lambda e: "leaver" in e.records)
+    task.cancel()
+    await sim.wait_until(lambda e: e.records["leaver"].aborted)
+    assert not sim.records["leaver"].completed
+    await assert_idle(gw)
+    assert gw.gateway.recent[-1].disconnect == "before_first_byte"
+
+
+async def test_leaving_mid_stream_aborts_the_engine(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1)))
+    sim = engine(gw)
+    sim.hold(after_tokens=3)
+    stream = await sdk(gw).chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "reader"})
+    got = [await stream.__anext__() for _ in range(2)]
+    assert got[0].choices
+    await stream.close()
+    await sim.wait_until(lambda e: e.records["reader"].aborted)
+    assert sim.records["reader"].completion_tokens == 3
+    await assert_idle(gw)
+    assert gw.gateway.recent[-1].disconnect == "streaming"
+
+
+async def test_queue_timeout_for_a_stream_is_an_in_band_error(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1,
+                                                queue_timeout_s=0.2)))
+    holder = await occupy_one_slot(gw)
+    stream = await sdk(gw).chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert "queue" in caught.value.message.lower()
+    assert caught.value.body["code"] == "queue_timeout"  # type: ignore[index]
+    engine(gw).release()
+    await holder
+    await assert_idle(gw)
+
+
+async def test_queue_timeout_for_a_non_stream_is_503_with_retry_after(
+    start: StartGateway,
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1,
+                                                queue_timeout_s=0.2)))
+    holder = await occupy_one_slot(gw)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await sdk(gw).chat.completions.create(
+            model="chat", messages=MESSAGES)  # type: ignore[arg-type]
+    assert caught.value.status_code == 503
+    assert int(caught.value.response.headers["retry-after"]) >= 1
+    assert caught.value.response.headers["x-slotgate-reject-reason"] == "queue_timeout"
+    engine(gw).release()
+    await holder
+    await assert_idle(gw)
