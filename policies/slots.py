@@ -120,10 +120,11 @@ class LocalTicket:
             async with asyncio.timeout(timeout_s):
                 lease = await self._future
         except TimeoutError:
-            lease = self._granted()
-            if lease is None:  # else: granted at the very instant the deadline passed
+            granted = self._granted()
+            if granted is None:  # else: granted at the very instant the deadline passed
                 self.withdraw_now()
                 raise QueueTimeout from None
+            lease = granted
         except BaseException:
             self.withdraw_now()  # cancelled: the client is gone
             raise

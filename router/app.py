@@ -144,8 +144,7 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     port = port if port is not None else config.server.port
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
-    sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
-    bound = sockets[0].getsockname()[1] if sockets else port
+    bound = runner.addresses[0][1]
     url = f"http://{host}:{bound}"
     log.info("slotgate listening on %s (%d backends, %d routes)", url,
              len(config.backends), len(config.routes))

@@ -230,6 +230,8 @@ class Exchange:
             rec.phase = Phase.DONE
             return response
         finally:
+            if relay.response is not None:
+                self.response = relay.response
             if relay.streaming and rec.phase is not Phase.DONE:
                 rec.phase = Phase.STREAMING
             if relay.first_byte_at is not None:

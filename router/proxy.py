@@ -74,9 +74,12 @@ class Relay:
     status: int = 0
     first_byte_at: float | None = None
     streaming: bool = False  # bytes of the answer reached the client
+    response: web.StreamResponse | None = None  # the stream, once its headers went out
 
 
-def forward_headers(headers: CIMultiDictProxy[str], upstream: Upstream, request_id: str) -> CIMultiDict[str]:
+def forward_headers(
+    headers: CIMultiDictProxy[str], upstream: Upstream, request_id: str
+) -> CIMultiDict[str]:
     drop = _NOT_FORWARDED | _connection_listed(headers)
     out: CIMultiDict[str] = CIMultiDict(
         (k, v) for k, v in headers.items() if k.lower() not in drop
@@ -145,6 +148,7 @@ async def forward(
             relay.first_byte_at = loop.time()
             if response is None:
                 response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
+                relay.response = response
                 await _send(response.prepare(request))
             relay.streaming = True
             chunk = first

@@ -13,6 +13,7 @@ import enum
 import functools
 import itertools
 import random
+import signal
 import sys
 import time
 from collections import deque
@@ -486,8 +487,11 @@ def simulate_main(argv: list[str] | None = None) -> int:
         sim = await start_simulator(spec, args.model, args.host, args.port)
         print(f"slotgate simulate: {args.model} with {spec.max_num_seqs} seqs on {sim.url}",
               flush=True)
+        stopping = asyncio.Event()
+        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
         try:
-            await asyncio.get_running_loop().create_future()  # until Ctrl-C cancels us
+            await stopping.wait()  # Ctrl-C cancels this wait
         finally:
             await sim.close()
 

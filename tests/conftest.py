@@ -83,7 +83,7 @@ def engine(gw: RunningGateway, backend: str = "big") -> SimEngine:
 
 
 async def wait_pools(gw: RunningGateway, predicate: Callable[[dict[str, tuple[int, int]]], bool],
-                     timeout: float = 10.0) -> None:
+                     within_s: float = 10.0) -> None:
     """Wait, without polling, until predicate({pool: (active, queued)}) holds."""
     pools = gw.gateway.pools
     loop = asyncio.get_running_loop()
@@ -97,7 +97,7 @@ async def wait_pools(gw: RunningGateway, predicate: Callable[[dict[str, tuple[in
     unwatch = [pool.watch(check) for pool in pools.values()]
     try:
         check()
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within_s):
             await done
     finally:
         for stop in unwatch:
@@ -107,7 +107,7 @@ async def wait_pools(gw: RunningGateway, predicate: Callable[[dict[str, tuple[in
 async def assert_idle(gw: RunningGateway) -> None:
     """The closing check of every integration test: no slot held, no ticket queued."""
     try:
-        await wait_pools(gw, lambda s: all(v == (0, 0) for v in s.values()), timeout=5.0)
+        await wait_pools(gw, lambda s: all(v == (0, 0) for v in s.values()), within_s=5.0)
     except TimeoutError:
         state = {n: (p.active, p.queued) for n, p in gw.gateway.pools.items()}
         pytest.fail(f"pools not idle: {state}")
@@ -119,3 +119,15 @@ def closed_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+async def serve_app(app: Any) -> tuple[Any, str]:
+    """Serve an aiohttp app on a free loopback port; returns (runner, base url)."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -195,4 +196,46 @@ async def test_queue_timeout_for_a_non_stream_is_503_with_retry_after(
     assert caught.value.response.headers["x-slotgate-reject-reason"] == "queue_timeout"
     engine(gw).release()
     await holder
+    await assert_idle(gw)
+
+
+async def test_queued_stream_hears_its_position_in_sse_comments(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3),
+                                    server={"queue_heartbeat_s": 0.05}))
+    holder = await occupy_one_slot(gw)
+    body = {"model": "chat", "messages": MESSAGES, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            assert resp.headers["X-Accel-Buffering"] == "no"
+            assert resp.headers["x-slotgate-backend"] == "big"
+            comments = []
+            async for line in resp.content:
+                if line.startswith(b": queued"):
+                    comments.append(line.strip())
+                    if len(comments) == 2:  # the first at once, the next from the heartbeat
+                        engine(gw).release()
+                if line.startswith(b"data: [DONE]"):
+                    break
+                if line.startswith(b": slot granted"):
+                    assert b"backend=big" in line
+    assert comments[:2] == [b": queued position=1", b": queued position=1"]
+    await holder
+    await assert_idle(gw)
+
+
+async def test_queued_non_stream_reports_its_wait(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
+    holder = await occupy_one_slot(gw)
+    waiter = asyncio.create_task(sdk(gw).chat.completions.with_raw_response.create(
+        model="chat", messages=MESSAGES))  # type: ignore[arg-type]
+    await wait_pools(gw, lambda s: s["big"] == (1, 1))
+    engine(gw).release()
+    await holder
+    raw = await waiter
+    assert raw.headers["x-slotgate-backend"] == "big"
+    assert int(raw.headers["x-slotgate-queue-wait-ms"]) >= 0
+    record = gw.gateway.recent[-1]
+    assert record.phase == "done" and record.queue_wait_ms > 0
     await assert_idle(gw)

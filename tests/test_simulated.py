@@ -323,7 +323,8 @@ def test_simulate_main_rejects_bad_settings() -> None:
     assert simulate_main(["--slots", "0"]) == 2
 
 
-async def test_simulate_main_serves_until_ctrl_c() -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+async def test_simulate_main_serves_until_stopped(stop: signal.Signals) -> None:
     code = "import sys; from router.simulated import simulate_main; sys.exit(simulate_main())"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, "--port", "0", "--model", "cli-model", "--ttft-s", "0",
@@ -335,7 +336,7 @@ async def test_simulate_main_serves_until_ctrl_c() -> None:
         url = line.split(" on ")[-1].strip()
         async with aiohttp.ClientSession(url) as http, http.get("/v1/models") as resp:
             assert (await resp.json())["data"][0]["id"] == "cli-model"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
     finally:
         if proc.returncode is None:

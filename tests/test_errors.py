@@ -1,0 +1,293 @@
+"""Bad input and failing upstreams: every error has its status and OpenAI's shape.
+
+Also what crosses the gateway: model rewritten, unknown fields kept, hop-by-hop headers
+and the client's credentials dropped, the backend's key added from the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+from aiohttp import web
+
+from router.app import RunningGateway
+from router.simulated import FaultMode
+from tests.conftest import (
+    StartGateway,
+    assert_idle,
+    closed_port,
+    engine,
+    gateway_config,
+    sdk,
+    serve_app,
+    sim_backend,
+)
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def assert_openai_error(body: Any, kind: str, code: str | None = None) -> None:
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    assert body["error"]["type"] == kind
+    if code is not None:
+        assert body["error"]["code"] == code
+
+
+@pytest.fixture
+async def gw(start: StartGateway) -> RunningGateway:
+    return await start(gateway_config(sim_backend("m", slots=1, queue_limit=1),
+                                      server={"max_body_bytes": 4096}))
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/v1/chat/completions", b"{not json", 400, None),
+        ("/v1/chat/completions", b"[1, 2]", 400, None),
+        ("/v1/chat/completions", orjson.dumps({"model": "chat"}), 400, "messages"),
+        ("/v1/chat/completions", orjson.dumps({"model": "chat", "messages": []}), 400,
+         "messages"),
+        ("/v1/chat/completions", orjson.dumps({"model": "chat", "messages": ["hi"]}), 400,
+         "messages"),
+        ("/v1/chat/completions", orjson.dumps({"messages": CHAT["messages"]}), 400, "model"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "stream": "yes"}), 400, "stream"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "max_tokens": 0}), 400, "max_tokens"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "stream_options": 3}), 400,
+         "stream_options"),
+        ("/v1/completions", orjson.dumps({"model": "chat"}), 400, "prompt"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "model": "gpt-9"}), 404, "model"),
+    ],
+)
+async def test_bad_requests(gw: RunningGateway, http: aiohttp.ClientSession, path: str,
+                            body: bytes, status: int, param: str | None) -> None:
+    async with http.post(gw.url + path, data=body,
+                         headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == status
+        payload = await resp.json()
+    assert_openai_error(payload, "invalid_request_error")
+    assert payload["error"]["param"] == param
+    if status == 404:
+        assert payload["error"]["code"] == "model_not_found"
+    assert engine(gw).records == {}  # nothing bad reached the backend
+    await assert_idle(gw)
+
+
+async def test_body_over_limit_declared(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
+    big = orjson.dumps({**CHAT, "pad": "x" * 5000})
+    async with http.post(gw.url + "/v1/chat/completions", data=big) as resp:
+        assert resp.status == 413
+        assert_openai_error(await resp.json(), "invalid_request_error", "request_too_large")
+    await assert_idle(gw)
+
+
+async def test_body_over_limit_chunked_is_refused_before_reading_it_all(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    sent = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal sent
+        while sent < 10_000_000:  # bounded: the gateway must answer long before this
+            sent += 65536
+            yield b" " * 65536
+
+    try:
+        async with http.post(gw.url + "/v1/chat/completions", data=endless()) as resp:
+            status = resp.status
+            body = await resp.json()
+    except aiohttp.ClientError:
+        pytest.fail("the gateway should answer 413, not drop the connection")
+    assert status == 413
+    assert_openai_error(body, "invalid_request_error", "request_too_large")
+    assert sent < 10_000_000
+    await assert_idle(gw)
+
+
+async def test_unknown_path_and_method_answer_in_openai_shape(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    async with http.get(gw.url + "/v1/nothing-here") as resp:
+        assert resp.status == 404
+        assert_openai_error(await resp.json(), "invalid_request_error")
+    async with http.get(gw.url + "/v1/chat/completions") as resp:
+        assert resp.status == 405
+        assert_openai_error(await resp.json(), "invalid_request_error")
+
+
+async def test_health_and_readiness(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
+    async with http.get(gw.url + "/healthz") as resp:
+        assert resp.status == 200
+    async with http.get(gw.url + "/readyz") as resp:
+        assert (resp.status, await resp.json()) == (200, {"ready": True})
+
+
+# --- what crosses the gateway -------------------------------------------------------
+
+class CaptureBackend:
+    """A real HTTP backend that records what it was sent and answers with set headers."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.seen.append((dict(request.headers), body))
+        reply = {"id": "x", "object": "chat.completion", "model": body["model"],
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": "ok"}}],
+                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+        return web.json_response(reply, headers={
+            "Connection": "keep-alive, X-Backend-Hop", "X-Backend-Hop": "secret",
+            "Keep-Alive": "timeout=5", "X-Backend-Info": "kept"})
+
+
+async def test_headers_and_body_crossing_the_gateway(
+    start: StartGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BIG_BACKEND_KEY", "sk-backend-from-env")
+    backend = CaptureBackend()
+    runner, url = await serve_app(backend.app)
+    try:
+        gw = await start(gateway_config({"url": url + "/v1", "model": "org/real-id", "slots": 2,
+                                         "api_key_env": "BIG_BACKEND_KEY"}))
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                gw.url + "/v1/chat/completions",
+                data=orjson.dumps({**CHAT, "temperature": 0.3, "tools": [], "vendor_x": {"a": 1}}),
+                headers={"Authorization": "Bearer sk-client-secret", "Content-Type":
+                         "application/json", "Connection": "keep-alive, X-Client-Hop",
+                         "X-Client-Hop": "drop me", "X-Api-Key": "sk-other-secret",
+                         "OpenAI-Organization": "org-1", "X-Request-Id": "trace-42"},
+            ) as resp:
+                assert resp.status == 200
+                answer = await resp.json()
+                returned = resp.headers
+        headers, body = backend.seen[0]
+        lower = {k.lower(): v for k, v in headers.items()}
+        assert body["model"] == "org/real-id"
+        assert body["temperature"] == 0.3 and body["tools"] == [] and body["vendor_x"] == {"a": 1}
+        assert lower["authorization"] == "Bearer sk-backend-from-env"
+        assert "x-client-hop" not in lower and "x-api-key" not in lower
+        assert lower["openai-organization"] == "org-1"
+        assert lower["x-request-id"] == "trace-42"
+        assert answer["model"] == "org/real-id"
+        assert "X-Backend-Hop" not in returned and "Keep-Alive" not in returned
+        assert returned["X-Backend-Info"] == "kept"
+        assert returned["x-request-id"] == "trace-42"
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
+
+
+async def test_backend_without_key_env_sends_no_authorization(start: StartGateway) -> None:
+    backend = CaptureBackend()
+    runner, url = await serve_app(backend.app)
+    try:
+        gw = await start(gateway_config({"url": url + "/v1", "model": "m", "slots": 1}))
+        await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"])
+        assert "authorization" not in {k.lower() for k in backend.seen[0][0]}
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
+
+
+# --- failing upstreams ---------------------------------------------------------------
+
+async def test_unreachable_backend_is_502(start: StartGateway) -> None:
+    gw = await start(gateway_config({"url": f"http://127.0.0.1:{closed_port()}/v1",
+                                     "model": "m", "slots": 1}))
+    for stream in (False, True):
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"],
+                                                  stream=stream)
+        assert caught.value.status_code == 502
+        assert_openai_error(caught.value.response.json(), "api_error", "upstream_unreachable")
+    await assert_idle(gw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_first_byte_timeout_is_504_and_aborts_the_engine(
+    start: StartGateway, stream: bool
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", 1, first_byte_timeout_s=0.2)))
+    sim = engine(gw)
+    sim.inject_fault(FaultMode.HANG)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"],
+                                              stream=stream)
+    assert caught.value.status_code == 504
+    assert_openai_error(caught.value.response.json(), "api_error", "upstream_timeout")
+    await sim.wait_until(lambda e: all(r.aborted for r in e.records.values()))
+    await assert_idle(gw)
+
+
+async def test_upstream_error_status_and_message_are_relayed(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", 1)))
+    engine(gw).inject_fault(FaultMode.ERROR_500)
+    with pytest.raises(openai.InternalServerError) as caught:
+        await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"])
+    assert caught.value.status_code == 500
+    assert_openai_error(caught.value.response.json(), caught.value.body["type"])  # type: ignore[index]
+    await assert_idle(gw)
+
+
+@pytest.mark.parametrize("mode", [FaultMode.REFUSE, FaultMode.DROP])
+async def test_connection_dropped_by_backend_before_answer_is_502(
+    start: StartGateway, mode: FaultMode
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", 1)))
+    engine(gw).inject_fault(mode)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"])
+    assert caught.value.status_code == 502
+    await assert_idle(gw)
+
+
+async def test_drop_mid_stream_ends_the_stream_with_one_error_event(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", 1)))
+    engine(gw).inject_fault(FaultMode.DROP)
+    stream = await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"],
+                                                   stream=True)
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert caught.value.body["code"] == "upstream_dropped"  # type: ignore[index]
+    await assert_idle(gw)
+
+
+async def test_queued_stream_whose_upstream_fails_gets_an_in_band_error(
+    start: StartGateway,
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", 1, queue_limit=1)))
+    sim = engine(gw)
+    sim.hold()
+    client = sdk(gw)
+    holder = asyncio.create_task(client.chat.completions.create(
+        model="chat", messages=CHAT["messages"], extra_headers={"X-Request-Id": "holder"}))
+    await sim.wait_until(lambda e: "holder" in e.records)
+    stream = await client.chat.completions.create(model="chat", messages=CHAT["messages"],
+                                                  stream=True)  # 200 at once: it is queued
+    sim.inject_fault(FaultMode.ERROR_500)
+    sim.release()
+    with pytest.raises(openai.APIError) as caught:
+        async for _ in stream:
+            pass
+    assert caught.value.message == "simulated backend failure"  # the backend's own words
+    await holder
+    await assert_idle(gw)
