@@ -1,0 +1,50 @@
+"""The `slotgate` console script as a user runs it: serve the embedded config, then stop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+SLOTGATE = str(Path(sys.executable).parent / "slotgate")
+
+
+async def test_serve_embedded_config_answers_and_stops_on_sigterm() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        SLOTGATE, "serve", "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(30):
+            while b"listening on" not in (line := await proc.stdout.readline()):
+                assert line, "slotgate serve exited before listening"
+        url = line.decode().split("listening on ")[1].split()[0]
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        models = await client.models.list()
+        assert {m.id for m in models.data} == {"llama-70b", "llama-8b"}
+        reply = await client.chat.completions.create(
+            model="llama-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert reply.usage is not None and reply.usage.completion_tokens == 3
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_serve_refuses_a_broken_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("backends: {}\nroutes: {}\nsurprise: 1\n")
+    proc = await asyncio.create_subprocess_exec(
+        SLOTGATE, "serve", "--config", str(bad),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 1
+    assert b"surprise" in err and b"backends" in err
