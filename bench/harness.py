@@ -117,7 +117,7 @@ def gateway_yaml(port: int, sim_url: str, backends: Sequence[BackendSpec]) -> st
 
 def _http_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(url, timeout=1.0) as resp:  # loopback only
             return bool(resp.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
@@ -153,7 +153,7 @@ class Processes:
         return self._start("gateway", args, f"http://{HOST}:{port}", "/readyz")
 
     def _start(self, name: str, args: list[str], url: str, probe: str) -> Server:
-        log = open(Path(self._tmp.name) / f"{name}.log", "w+b")  # noqa: SIM115 - kept open
+        log = open(Path(self._tmp.name) / f"{name}.log", "w+b")  # closed by stop()
         popen = subprocess.Popen([*slotgate_command(), *args], cwd=REPO, stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT)
         server = Server(name, popen, url, log)

@@ -7,9 +7,11 @@ long-stream relay, and the per-request ids the slot hand-off measurement joins o
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import orjson
@@ -208,14 +210,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def handoff_gaps(records: Sequence[Mapping[str, object]], prefix: str, skip: int) -> list[float]:
+def handoff_gaps(records: Sequence[Mapping[str, Any]], prefix: str, skip: int) -> list[float]:
     """Engine idle gaps (next start - previous end, in s) between the records with `prefix`.
 
     The records come from GET /sim/requests; `skip` drops warm-up records at the start.
     """
     mine = sorted(
-        ((float(str(r["started_at"])), float(str(r["ended_at"])))
-         for r in records
-         if str(r["request_id"]).startswith(prefix) and r["ended_at"] is not None),
+        (float(r["started_at"]), float(r["ended_at"]))
+        for r in records
+        if str(r["request_id"]).startswith(prefix) and r["ended_at"] is not None
     )[skip:]
-    return [nxt[0] - prev[1] for prev, nxt in zip(mine, mine[1:], strict=False)]
+    return [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(mine)]

@@ -13,7 +13,8 @@ import enum
 import logging
 import os
 import re
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
@@ -55,7 +56,7 @@ class RequestRecord:
 
     request_id: str
     endpoint: str
-    started_at: float
+    started_at: float  # time.perf_counter(): durations, not deadlines (uvloop's clock is in ms)
     route: str | None = None
     backend: str | None = None
     reason: str | None = None
@@ -89,7 +90,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     loop = asyncio.get_running_loop()
-    rec = RequestRecord(request_id(request), endpoint.value, loop.time())
+    rec = RequestRecord(request_id(request), endpoint.value, time.perf_counter())
     exchange = Exchange(request, gw, rec)
     try:
         async with asyncio.timeout(gw.config.server.body_read_timeout_s):
@@ -114,10 +115,10 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.disconnect = rec.phase
         raise
     finally:
-        rec.total_ms = (loop.time() - rec.started_at) * 1000
+        rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
         if log.isEnabledFor(logging.INFO):
-            log.info(orjson.dumps(asdict(rec)).decode())
+            log.info(orjson.dumps(rec).decode())
 
 
 class Exchange:
@@ -167,7 +168,7 @@ class Exchange:
         loop = asyncio.get_running_loop()
         rec = self.rec
         rec.phase = Phase.QUEUED
-        queued_at = loop.time()
+        queued_at = time.perf_counter()
         heartbeat = None
         if parsed.stream:
             try:
@@ -188,7 +189,7 @@ class Exchange:
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
-            rec.queue_wait_ms = (loop.time() - queued_at) * 1000
+            rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
         return lease
 
     async def open_stream(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from policies.config import BackendConfig
 from router.openai_api import ApiError, Endpoint
-from router.sse import EventRelay, Usage
+from router.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, Usage
 
 # RFC 9110 section 7.6.1, plus what must never cross the gateway in either direction.
 _HOP_BY_HOP = frozenset(
@@ -136,7 +137,7 @@ async def forward(
                 raise await _upstream_error(up, upstream.name)
             if not stream:
                 raw = await _read_bounded(up, max_response_bytes, deadline, cfg.idle_timeout_s)
-                relay.first_byte_at = loop.time()
+                relay.first_byte_at = time.perf_counter()
                 _usage_from_body(raw, relay.usage)
                 done = True
                 out = web.Response(body=raw, status=200, headers=returned_headers(up.headers))
@@ -145,7 +146,7 @@ async def forward(
                 return out
             events = EventRelay(strip_usage, relay.usage)
             first = await up.content.readany()
-            relay.first_byte_at = loop.time()
+            relay.first_byte_at = time.perf_counter()
             if response is None:
                 response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
                 relay.response = response
@@ -158,7 +159,7 @@ async def forward(
                     await _send(response.write(out_bytes))
                 deadline.reschedule(loop.time() + cfg.idle_timeout_s)
                 chunk = await up.content.readany()
-            tail = events.flush()
+            tail = events.flush()  # an unterminated last event is passed on as it is
             if tail:
                 await _send(response.write(tail))
             done = True
@@ -176,6 +177,9 @@ async def forward(
             raise ApiError(504, f"Backend '{upstream.name}' went idle for "
                            f"{cfg.idle_timeout_s:g} s.", "api_error", "upstream_timeout") from None
         raise
+    except EventTooLarge:
+        raise ApiError(502, f"Backend '{upstream.name}' sent an event over "
+                       f"{MAX_EVENT_BYTES} bytes.", "api_error", "upstream_too_large") from None
     except aiohttp.ClientError as exc:
         what = "is unreachable" if relay.status == 0 else "dropped the connection"
         raise ApiError(502, f"Backend '{upstream.name}' {what}: {type(exc).__name__}.",

@@ -13,6 +13,11 @@ import orjson
 
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 _BOUNDARY = b"\n\n"
+MAX_EVENT_BYTES = 4 * 1024 * 1024  # one upstream event larger than this is a broken upstream
+
+
+class EventTooLarge(Exception):
+    """The upstream sent more than MAX_EVENT_BYTES without ending an event."""
 
 
 @dataclass(slots=True)
@@ -51,10 +56,14 @@ class EventRelay:
             data = data.replace(b"\r\n", b"\n")
         end = data.rfind(_BOUNDARY)
         if end < 0:
+            if len(data) > MAX_EVENT_BYTES:
+                raise EventTooLarge
             self._pending = data
             return b""
         end += len(_BOUNDARY)
         whole, self._pending = data[:end], data[end:]
+        if len(self._pending) > MAX_EVENT_BYTES:
+            raise EventTooLarge
         if _USAGE.search(whole) is None:
             return whole
         return b"".join(self._inspect(event) for event in _events(whole))
