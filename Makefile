@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check router policies tests bench
+	$(BIN)/ruff check router policies classifier tests bench
 	$(BIN)/mypy
 
 bench: $(STAMP)

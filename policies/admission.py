@@ -18,7 +18,7 @@ from policies.slots import PoolSnapshot
 
 class RouteReason(enum.StrEnum):
     PRIMARY = "primary"
-    OVERFLOW = "overflow"
+    OVERFLOW = "fallback:overflow"
 
 
 class RejectReason(enum.StrEnum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Mapping
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -107,10 +107,37 @@ class BackendConfig(_Model):
         return self
 
 
+# The intent classifier's labels; the simple ones may go to a small model.
+Intent = Literal[
+    "greeting", "chitchat", "rewrite", "translate", "summarize", "extract", "classify",
+    "simple_qa", "brainstorm", "explain", "creative_writing", "math", "code", "reasoning",
+]
+SIMPLE_INTENTS: tuple[Intent, ...] = (
+    "greeting", "chitchat", "rewrite", "translate", "summarize", "extract", "classify",
+    "simple_qa", "brainstorm",
+)
+COMPLEX_INTENTS: tuple[Intent, ...] = ("explain", "creative_writing", "math", "code", "reasoning")
+
+
+class FallbackWhen(enum.StrEnum):
+    """When a route's simple requests may go to its fallbacks."""
+
+    SATURATED = "saturated"  # only when they would otherwise wait for the primary
+    ALWAYS = "always"  # every simple request, whatever the load
+    NEVER = "never"  # only overflow (primary queue full) uses the fallbacks
+
+
+class RouteFallbackConfig(_Model):
+    when: FallbackWhen = FallbackWhen.SATURATED
+    intents: frozenset[Intent] = Field(default=frozenset(SIMPLE_INTENTS), min_length=1)
+    min_confidence: float = Field(default=0.8, ge=0.0, le=1.0)
+
+
 class RouteConfig(_Model):
     primary: str
     fallbacks: tuple[str, ...] = ()
     overflow: Overflow = Overflow.FALLBACK
+    fallback: RouteFallbackConfig = RouteFallbackConfig(when=FallbackWhen.NEVER)
 
 
 def cross_check(
@@ -123,6 +150,11 @@ def cross_check(
         if route.primary not in backends:
             problems.append(
                 (("routes", name, "primary"), f"unknown backend {route.primary!r} (known: {known})")
+            )
+        if route.fallback.when is not FallbackWhen.NEVER and not route.fallbacks:
+            problems.append(
+                (("routes", name, "fallback", "when"),
+                 f"{route.fallback.when.value!r} needs at least one backend in 'fallbacks'")
             )
         seen: dict[str, int] = {}
         for index, target in enumerate(route.fallbacks):

@@ -14,8 +14,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from policies.config import Config
+from policies.config import Config, FallbackWhen
 from policies.eta import HoldTimeEstimator
+from policies.handover import MoveOffers
 from policies.slots import LocalSlotPool
 from router import dispatch
 from router.gateway import GATEWAY, Gateway
@@ -70,6 +71,16 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
                 name, backend.slots, backend.queue_limit,
                 HoldTimeEstimator(backend.initial_hold_s),
             )
+        routes = gw.config.routes.values()
+        steering = [r for r in routes if r.fallback.when is not FallbackWhen.NEVER]
+        for route in steering:
+            for name in route.fallbacks:
+                if name not in gw.offers:
+                    gw.offers[name] = MoveOffers(gw.pools[name])
+        if steering:
+            from classifier.model import load_default  # scikit-learn: only when needed
+
+            gw.classifier = load_default()
         gw.ready = True
         yield
     finally:

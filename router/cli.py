@@ -1,4 +1,4 @@
-"""The `slotgate` command: serve | demo | simulate | config check."""
+"""The `slotgate` command: serve | demo | simulate | classifier | config check."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="INFO")
     sub.add_parser("simulate", help="run a standalone simulated engine", add_help=False)
     sub.add_parser("demo", help="ten people, three slots", add_help=False)
+    sub.add_parser("classifier", help="train | eval the intent classifier", add_help=False)
     config = sub.add_parser("config", help="config tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     config_sub.add_parser("check", help="validate a config file", add_help=False)
@@ -37,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from router.demo import demo_main
 
         return demo_main(argv[1:])
+    if argv[:1] == ["classifier"]:
+        from classifier import classifier_main
+
+        return classifier_main(argv[1:])
     if argv[:2] == ["config", "check"]:
         return check_main(argv[2:])
 

@@ -62,7 +62,7 @@ class Row:
     sent_at: float = 0.0
     state: State = State.SENT
     backend: str | None = None
-    reason: str | None = None  # the gateway's route reason: primary | overflow
+    reason: str | None = None  # the route reason: primary | fallback:overflow | fallback:simple:...
     queued: bool = False
     positions: list[int] = field(default_factory=list)  # every queue position announced
     queue_wait_ms: float | None = None
@@ -78,8 +78,7 @@ class Row:
             where = f" at position {self.positions[-1]}" if self.positions else ""
             return f"queued{where} on {self.backend}"
         if self.state is State.RUNNING:
-            return f"running on {self.backend}" + (" (overflow)" if self.reason == "overflow"
-                                                   else "")
+            return f"running on {self.backend}" + _why(self.reason)
         if self.state is State.DONE:
             return f"done on {self.backend}"
         if self.state is State.REJECTED:
@@ -185,6 +184,7 @@ def _on_line(demo: DemoResult, row: Row, line: bytes, now: float) -> None:
     elif line.startswith(b": slot granted "):
         fields = _fields(line)
         row.backend = fields.get("backend", row.backend)
+        row.reason = fields.get("reason", row.reason)
         row.queue_wait_ms = float(fields.get("queue_wait_ms", "0"))
         demo.move(row, State.RUNNING, now)
     elif line.startswith(b"data:") and row.state not in FINAL:
@@ -252,20 +252,37 @@ def summary_lines(demo: DemoResult) -> list[str]:
     return [*lines, explain(demo)]
 
 
+def _moved(reason: str | None) -> str | None:
+    """'simple' or 'overflow' when the gateway sent the request to a fallback, else None."""
+    if reason and reason.startswith("fallback:"):
+        return reason.split(":")[1]
+    return None
+
+
+def _why(reason: str | None) -> str:
+    moved = _moved(reason)
+    if moved == "simple":
+        intent, p = (reason or "").split(":")[2:4]
+        return f" (simple: {intent} p={p})"
+    return " (overflow)" if moved == "overflow" else ""
+
+
 def explain(demo: DemoResult) -> str:
     """One sentence on what happened, derived from the rows."""
     rows, parts = demo.rows, []
     primary = next((r.backend for r in rows if r.reason == "primary" and r.backend), None)
     if primary is not None:
-        crowded = any(r.queued or r.reason == "overflow" or r.state is State.REJECTED
-                      for r in rows)
+        crowded = any(r.queued or _moved(r.reason) or r.state is State.REJECTED for r in rows)
         peak = demo.peak[primary]
         parts.append(f"{peak} slot{'s' * (peak != 1)} on {primary}" if crowded
                      else f"{peak} ran at once on {primary}, nobody waited")
         waited = sum(r.queued and r.backend == primary for r in rows)
         if waited:
             parts.append(f"{waited} waited in its queue")
-    overflowed = Counter(r.backend for r in rows if r.reason == "overflow" and r.backend)
+    simple = Counter(r.backend for r in rows if _moved(r.reason) == "simple" and r.backend)
+    for backend, n in simple.items():
+        parts.append(f"{n} simple request{'s' * (n != 1)} went to {backend} instead of waiting")
+    overflowed = Counter(r.backend for r in rows if _moved(r.reason) == "overflow" and r.backend)
     for backend, n in overflowed.items():
         there = sum(r.queued and r.backend == backend for r in rows)
         parts.append(f"{n} overflowed to {backend}" + (f" ({there} queued there)" if there else ""))

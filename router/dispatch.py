@@ -15,13 +15,18 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from policies.admission import Reject, RejectReason, Run, Wait, decide
-from policies.config import RouteConfig
+from classifier.text import request_text
+from policies.admission import Decision, Reject, RejectReason, Wait, decide
+from policies.config import FallbackWhen, RouteConfig
 from policies.eta import retry_after_s
+from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
+from policies.fallback import decide as steer
+from policies.handover import MoveOffers
 from policies.slots import Lease, QueueTimeout, SlotPool, Ticket
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
@@ -66,10 +71,20 @@ class RequestRecord:
     queue_wait_ms: float = 0.0
     ttft_ms: float | None = None
     total_ms: float = 0.0
+    intent: str | None = None
+    p_simple: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     phase: Phase = Phase.ADMISSION
     disconnect: Phase | None = None
+
+
+def _may_steer(route: RouteConfig, decision: Decision) -> bool:
+    """The classifier runs only where its answer can change the outcome."""
+    when = route.fallback.when
+    return when is FallbackWhen.ALWAYS or (
+        when is FallbackWhen.SATURATED and isinstance(decision, Wait)
+    )
 
 
 def request_id(request: web.Request) -> str:
@@ -89,7 +104,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    loop = asyncio.get_running_loop()
     rec = RequestRecord(request_id(request), endpoint.value, time.perf_counter())
     exchange = Exchange(request, gw, rec)
     try:
@@ -124,13 +138,14 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 class Exchange:
     """The state of one request while it is admitted, queued and forwarded."""
 
-    __slots__ = ("gw", "rec", "request", "response")
+    __slots__ = ("facts", "gw", "rec", "request", "response")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord) -> None:
         self.request = request
         self.gw = gw
         self.rec = rec
         self.response: web.StreamResponse | None = None  # set once SSE headers went out
+        self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
         lease = await self.admit(parsed, route)
@@ -141,6 +156,7 @@ class Exchange:
             await lease.release()
 
     async def admit(self, parsed: ParsedRequest, route: RouteConfig) -> Lease:
+        """Route -> admit -> (steer to a fallback) -> take a slot or a place in line."""
         gw, rec = self.gw, self.rec
         server = gw.config.server
         primary = gw.pools[route.primary]
@@ -152,20 +168,43 @@ class Exchange:
             )
             if isinstance(decision, Reject):
                 raise self.rejection(decision.reason, decision.retry_after_s)
-            pool = gw.pools[decision.pool]
-            rec.backend, rec.reason = pool.name, decision.reason.value
-            if isinstance(decision, Run):
-                lease = await pool.try_acquire()
-                if lease is not None:
-                    return lease
-            elif isinstance(decision, Wait):
-                ticket = await pool.enqueue()
-                if ticket is not None:
-                    return await self.wait(parsed, pool, ticket)
+            target, reason, movable = decision.pool, decision.reason.value, None
+            if target == primary.name and _may_steer(route, decision):
+                step = self.steer(parsed, route)
+                if isinstance(step, Move):
+                    target, reason = step.pool, step.reason
+                elif step.movable:
+                    movable = step.movable[0]
+            pool = gw.pools[target]
+            rec.backend, rec.reason = target, reason
+            lease = await pool.try_acquire()
+            if lease is not None:
+                return lease
+            ticket = await pool.enqueue()
+            if ticket is not None:
+                return await self.wait(parsed, pool, ticket, movable)
         raise self.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s)
 
-    async def wait(self, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket) -> Lease:
-        loop = asyncio.get_running_loop()
+    def steer(self, parsed: ParsedRequest, route: RouteConfig) -> Move | Stay:
+        """Classify once, then ask the fallback policy whether to leave the primary."""
+        gw, rec = self.gw, self.rec
+        if self.facts is None:
+            assert gw.classifier is not None, "steering routes load the classifier at startup"
+            prediction = gw.classifier.predict(request_text(parsed.body))
+            self.facts = RequestFacts(
+                prediction.intent, prediction.p_simple(route.fallback.intents),
+                estimate_tokens(len(parsed.raw.decode(errors="replace")), len(parsed.raw)),
+                parsed.max_tokens,
+            )
+            rec.intent, rec.p_simple = self.facts.intent, round(self.facts.p_simple, 4)
+        candidates = [
+            Candidate(gw.pools[name].snapshot(), gw.config.backends[name].context_window)
+            for name in route.fallbacks
+        ]
+        return steer(self.facts, gw.pools[route.primary].snapshot(), candidates, route.fallback)
+
+    async def wait(self, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket,
+                   movable: str | None) -> Lease:
         rec = self.rec
         rec.phase = Phase.QUEUED
         queued_at = time.perf_counter()
@@ -177,8 +216,12 @@ class Exchange:
                 await ticket.withdraw()
                 raise
             heartbeat = asyncio.create_task(self.heartbeat(ticket))
+        timeout = self.gw.config.backends[pool.name].queue_timeout_s
         try:
-            lease = await ticket.wait(self.gw.config.backends[pool.name].queue_timeout_s)
+            if movable is None:
+                lease = await ticket.wait(timeout)
+            else:
+                lease = await self.wait_or_move(ticket, timeout, self.gw.offers[movable])
         except QueueTimeout:
             server = self.gw.config.server
             retry = retry_after_s([pool.snapshot()], server.retry_after_min_s,
@@ -191,6 +234,28 @@ class Exchange:
                     await heartbeat
             rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
         return lease
+
+    async def wait_or_move(self, ticket: Ticket, limit_s: float, offers: MoveOffers) -> Lease:
+        """Wait for the primary, or leave its queue the moment a fallback slot frees."""
+        offer = offers.offer()
+        waiting = asyncio.ensure_future(ticket.wait(limit_s))
+        try:
+            either: set[asyncio.Future[Any]] = {waiting, offer}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            waiting.cancel()  # the ticket leaves the queue and passes on any slot it got
+            offers.withdraw(offer)
+            raise
+        if waiting.done():
+            offers.withdraw(offer)  # also returns a fallback slot granted at the same instant
+            return waiting.result()
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert self.facts is not None
+        self.rec.backend = offers.pool.name
+        self.rec.reason = f"fallback:simple:{self.facts.intent}:{self.facts.p_simple:.2f}"
+        return offer.result()
 
     async def open_stream(self) -> None:
         """A stream that must wait gets its 200 and SSE headers at once."""
@@ -217,7 +282,7 @@ class Exchange:
         upstream = gw.upstreams[backend]
         body = upstream_body(parsed, upstream.config.model)
         if self.response is not None:
-            await self._send(comment(f"slot granted backend={backend} "
+            await self._send(comment(f"slot granted backend={backend} reason={rec.reason} "
                                      f"queue_wait_ms={rec.queue_wait_ms:.0f}"))
         relay = Relay(Usage())
         try:

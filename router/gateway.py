@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from classifier.model import IntentClassifier
 from policies.config import Config
+from policies.handover import MoveOffers
 from policies.slots import LocalSlotPool
 from router.proxy import Upstream
 
@@ -28,6 +30,8 @@ class Gateway:
     pools: dict[str, LocalSlotPool] = field(default_factory=dict)
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     simulators: dict[str, RunningSim] = field(default_factory=dict)
+    offers: dict[str, MoveOffers] = field(default_factory=dict)  # per fallback pool
+    classifier: IntentClassifier | None = None  # loaded when a route steers by intent
     recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=RECENT_RECORDS))
     ready: bool = False
 

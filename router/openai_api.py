@@ -71,6 +71,7 @@ class ParsedRequest:
     stream: bool
     wants_usage: bool  # the client itself asked for stream_options.include_usage
     max_tokens: int | None
+    raw: bytes = b""  # the body as received, for cheap size estimates
 
 
 async def read_body(request: web.BaseRequest, limit: int) -> bytes:
@@ -133,7 +134,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
             raise invalid(f"'{name}' must be a positive integer.", name)
         max_tokens = value
         break
-    return ParsedRequest(endpoint, body, model, stream, wants_usage, max_tokens)
+    return ParsedRequest(endpoint, body, model, stream, wants_usage, max_tokens, raw)
 
 
 def _check_messages(messages: object) -> None:

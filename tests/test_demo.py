@@ -52,7 +52,7 @@ async def test_overflow_runs_on_the_fallback(start: StartGateway) -> None:
     rows = demo.rows
     assert demo.count(State.REJECTED) == 0 and demo.count(State.DONE) == 6
     assert demo.peak == {"big": 2, "small": 2}
-    overflowed = [r for r in rows if r.reason == "overflow"]
+    overflowed = [r for r in rows if r.reason == "fallback:overflow"]
     assert len(overflowed) == 2
     assert all(r.backend == "small" and not r.queued for r in overflowed)
     queued = [r for r in rows if r.queued]
@@ -84,5 +84,7 @@ def test_the_real_command_on_the_embedded_config() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "4 streaming requests to llama-70b: 4 done" in done.stdout
-    assert "slots on llama-70b, 1 waited in its queue" in done.stdout
+    # The fourth finds the 3 slots busy: it waits, or leaves for the 8B if it is simple.
+    assert ("slots on llama-70b, 1 waited in its queue" in done.stdout
+            or "1 simple request went to llama-8b instead of waiting" in done.stdout), done.stdout
     assert "\x1b[" not in done.stdout

@@ -89,7 +89,7 @@ async def test_overflow_sends_the_rest_to_the_fallback(start: StartGateway) -> N
     assert set(big.records) == {f"req-{i}" for i in range(8)}
     assert big.peak == 3
     reasons = {r.request_id: (r.backend, r.reason) for r in gw.gateway.recent}
-    assert reasons["req-9"] == ("small", "overflow")
+    assert reasons["req-9"] == ("small", "fallback:overflow")
     assert reasons["req-0"] == ("big", "primary")
     await assert_idle(gw)
 

@@ -1,0 +1,83 @@
+"""The text the classifier looks at, taken from an OpenAI request body.
+
+Last user turn plus the head of the system prompt, cut to a fixed budget. Never raises:
+any odd shape yields less text (possibly "").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+SYSTEM_HEAD: Final = 200  # characters of the system prompt kept
+HEAD: Final = 1500  # long texts keep their first HEAD characters ...
+TAIL: Final = 500  # ... and their last TAIL (a newline in between counts towards TAIL)
+BUDGET: Final = HEAD + TAIL
+
+_SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+
+
+def request_text(body: Mapping[str, Any]) -> str:
+    """The classifier's input for a chat or completions request body."""
+    if not isinstance(body, Mapping):
+        return ""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return clip(_chat_text(messages))
+    return clip(_prompt_text(body.get("prompt")))
+
+
+def clip(text: str) -> str:
+    """At most BUDGET characters: the head and the tail of a long text."""
+    if len(text) <= BUDGET:
+        return text
+    return text[:HEAD] + "\n" + text[len(text) - TAIL + 1 :]
+
+
+def _chat_text(messages: list[Any]) -> str:
+    system = ""
+    user = ""
+    last_any = ""
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        role = role if isinstance(role, str) else ""
+        content = _content_text(message.get("content"))
+        if not content:
+            continue
+        if role in _SYSTEM_ROLES:
+            system = system or content  # the first system prompt sets the scene
+        elif role == "user":
+            user = content
+        last_any = content
+    # A conversation without a user turn (odd, but legal) is judged by its last message.
+    text = user or (last_any if last_any != system else "")
+    head = system[:SYSTEM_HEAD].strip()
+    if head and text:
+        return head + "\n" + text
+    return head or text
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content.strip()
+    if not isinstance(content, list):
+        return ""
+    parts: list[str] = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append(part)
+        elif isinstance(part, Mapping) and part.get("type") in ("text", "input_text"):
+            text = part.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+    return "\n".join(p.strip() for p in parts if p.strip())
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt.strip()
+    if isinstance(prompt, list):  # a batch of prompts; token-id lists carry no text
+        return "\n".join(p.strip() for p in prompt if isinstance(p, str) and p.strip())
+    return ""
