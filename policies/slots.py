@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.eta import HoldTimeEstimator
+from policies.eta import HoldTimeModel, predict_wait
 
 
 class QueueTimeout(Exception):
@@ -63,11 +63,17 @@ class Ticket(Protocol):
 
     async def withdraw(self) -> None: ...  # leave the queue; pass on a slot granted meanwhile
 
+    def eta_s(self) -> float: ...  # expected seconds until this ticket gets a slot
+
 
 class SlotPool(Protocol):
     name: str
 
     def snapshot(self) -> PoolSnapshot: ...
+
+    def forecast(self, position: int) -> float: ...  # seconds until `position` gets a slot
+
+    def next_change(self) -> asyncio.Future[None]: ...  # resolved when active/queued change
 
     async def try_acquire(self) -> Lease | None: ...  # a free slot now, or None
 
@@ -134,6 +140,10 @@ class LocalTicket:
     async def withdraw(self) -> None:
         self.withdraw_now()
 
+    def eta_s(self) -> float:
+        position = self.position
+        return self._pool.forecast(position) if position > 0 else 0.0
+
     def withdraw_now(self) -> None:
         self._pool._leave(self)
         granted = self._granted()
@@ -156,7 +166,7 @@ class LocalSlotPool:
         name: str,
         capacity: int,
         queue_limit: int,
-        estimator: HoldTimeEstimator,
+        estimator: HoldTimeModel,
         clock: Clock = time.monotonic,
     ) -> None:
         self.name = name
@@ -167,6 +177,8 @@ class LocalSlotPool:
         self.active = 0
         self._waiters: OrderedDict[LocalTicket, None] = OrderedDict()
         self._watchers: list[Callable[[LocalSlotPool], None]] = []
+        self._leases: dict[LocalLease, float] = {}  # held now -> granted at
+        self._change: asyncio.Future[None] | None = None
 
     @property
     def queued(self) -> int:
@@ -182,6 +194,18 @@ class LocalSlotPool:
             self.estimator.mean_s,
         )
 
+    def forecast(self, position: int) -> float:
+        """Expected seconds until the ticket at `position` (1 = next) gets a slot."""
+        now = self.clock()
+        ages = [now - granted for granted in self._leases.values()]
+        return predict_wait(self.estimator, ages, self.capacity, position)
+
+    def next_change(self) -> asyncio.Future[None]:
+        """A future resolved at the next change of active or queued (one for all waiters)."""
+        if self._change is None or self._change.done():
+            self._change = asyncio.get_running_loop().create_future()
+        return self._change
+
     def watch(self, callback: Callable[[LocalSlotPool], None]) -> Callable[[], None]:
         """Call `callback(pool)` after every change of active or queued; returns an unwatch."""
         self._watchers.append(callback)
@@ -195,8 +219,10 @@ class LocalSlotPool:
         if self.active >= self.capacity or self._waiters:
             return None
         self.active += 1
+        lease = LocalLease(self, self.clock())
+        self._leases[lease] = lease._granted_at
         self._changed()
-        return LocalLease(self, self.clock())
+        return lease
 
     async def enqueue(self) -> LocalTicket | None:
         return self.enqueue_nowait()
@@ -222,16 +248,21 @@ class LocalSlotPool:
 
     def _release(self, lease: LocalLease) -> None:
         now = self.clock()
+        self._leases.pop(lease, None)
         self.estimator.observe(now - lease._granted_at)
         while self._waiters:
             ticket, _ = self._waiters.popitem(last=False)
             if not ticket._future.done():  # skip tickets cancelled but not yet gone
-                ticket._future.set_result(LocalLease(self, now))
+                handed = LocalLease(self, now)
+                self._leases[handed] = now
+                ticket._future.set_result(handed)
                 self._changed()
                 return
         self.active -= 1
         self._changed()
 
     def _changed(self) -> None:
+        if self._change is not None and not self._change.done():
+            self._change.set_result(None)
         for callback in self._watchers:
             callback(self)

@@ -176,7 +176,7 @@ async def _follow(session: aiohttp.ClientSession, url: str, demo: DemoResult, ro
 
 
 def _on_line(demo: DemoResult, row: Row, line: bytes, now: float) -> None:
-    if line.startswith(b": queued "):
+    if line.startswith(b": queue "):
         position = int(_fields(line).get("position", "0"))
         if position > 0 and (not row.positions or row.positions[-1] != position):
             row.positions.append(position)

@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +24,7 @@ from aiohttp import web
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
-from policies.config import FallbackWhen, RouteConfig
-from policies.eta import retry_after_s
+from policies.config import FallbackWhen, Overflow, RouteConfig
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
@@ -38,7 +39,7 @@ from router.openai_api import (
     upstream_body,
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, forward
-from router.sse import Usage, comment
+from router.sse import Usage, queue_frame, start_frame
 
 log = logging.getLogger("slotgate.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -69,6 +70,7 @@ class RequestRecord:
     status: int = 0
     error: str | None = None
     queue_wait_ms: float = 0.0
+    slot_at: float | None = None  # perf_counter when the slot was granted
     ttft_ms: float | None = None
     total_ms: float = 0.0
     intent: str | None = None
@@ -149,6 +151,7 @@ class Exchange:
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
         lease = await self.admit(parsed, route)
+        self.rec.slot_at = time.perf_counter()
         try:
             self.rec.phase = Phase.BEFORE_FIRST_BYTE
             return await self.forward(parsed, lease.pool)
@@ -167,7 +170,8 @@ class Exchange:
                 server.retry_after_min_s, server.retry_after_max_s,
             )
             if isinstance(decision, Reject):
-                raise self.rejection(decision.reason, decision.retry_after_s)
+                tried = [primary, *fallbacks] if route.overflow is Overflow.FALLBACK else [primary]
+                raise self.rejection(decision.reason, self.retry_after(tried))
             target, reason, movable = decision.pool, decision.reason.value, None
             if target == primary.name and _may_steer(route, decision):
                 step = self.steer(parsed, route)
@@ -215,7 +219,7 @@ class Exchange:
             except BaseException:
                 await ticket.withdraw()
                 raise
-            heartbeat = asyncio.create_task(self.heartbeat(ticket))
+            heartbeat = asyncio.create_task(self.report_queue(ticket, pool, parsed))
         timeout = self.gw.config.backends[pool.name].queue_timeout_s
         try:
             if movable is None:
@@ -223,15 +227,12 @@ class Exchange:
             else:
                 lease = await self.wait_or_move(ticket, timeout, self.gw.offers[movable])
         except QueueTimeout:
-            server = self.gw.config.server
-            retry = retry_after_s([pool.snapshot()], server.retry_after_min_s,
-                                  server.retry_after_max_s)
-            raise self.rejection(RejectReason.QUEUE_TIMEOUT, retry) from None
+            raise self.rejection(RejectReason.QUEUE_TIMEOUT, self.retry_after([pool])) from None
         finally:
             if heartbeat is not None:
+                # Not awaited: a granted request goes upstream at once. Cancelled at an
+                # await, the reporter can no longer write after this point.
                 heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
             rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
         return lease
 
@@ -266,14 +267,30 @@ class Exchange:
         except ConnectionResetError:
             raise ClientGone from None
 
-    async def heartbeat(self, ticket: Ticket) -> None:
-        """Say where the ticket stands now and every few seconds, so idle timeouts never fire."""
+    def wants_events(self, parsed: ParsedRequest) -> bool:
+        header = self.request.headers.get("X-Slotgate-Queue-Events", "")
+        return parsed.queue_events or header.lower() in ("true", "1", "yes")
+
+    async def report_queue(self, ticket: Ticket, pool: SlotPool, parsed: ParsedRequest) -> None:
+        """Tell a waiting stream where it stands: at once, whenever its position changes or
+        its ETA moves by more than a fifth (and 1 s), and at least every heartbeat.
+
+        Driven by the pool's change signal (one future shared by all waiters): no polling.
+        """
         assert self.response is not None
+        events = self.wants_events(parsed)
         every = self.gw.config.server.queue_heartbeat_s
+        sent_position, sent_eta, sent_at = 0, 0.0, 0.0
         try:
             while True:
-                await self.response.write(comment(f"queued position={ticket.position}"))
-                await asyncio.sleep(every)
+                position, now = ticket.position, time.perf_counter()
+                eta = ticket.eta_s()
+                if (position != sent_position or now - sent_at >= every
+                        or abs(eta - sent_eta) > max(1.0, 0.2 * sent_eta)):
+                    await self.response.write(queue_frame(position, eta, pool.name, events))
+                    sent_position, sent_eta, sent_at = position, eta, now
+                change = pool.next_change()
+                await asyncio.wait({change}, timeout=max(0.0, sent_at + every - now))
         except ConnectionResetError:
             return  # the client left; its handler is being cancelled
 
@@ -281,9 +298,12 @@ class Exchange:
         gw, rec = self.gw, self.rec
         upstream = gw.upstreams[backend]
         body = upstream_body(parsed, upstream.config.model)
+        start = start_frame(backend, rec.reason, rec.queue_wait_ms, self.wants_events(parsed))
+        preamble = b""
         if self.response is not None:
-            await self._send(comment(f"slot granted backend={backend} reason={rec.reason} "
-                                     f"queue_wait_ms={rec.queue_wait_ms:.0f}"))
+            await self._send(start)
+        elif parsed.stream and self.wants_events(parsed):
+            preamble = start  # said right after the headers, before the first chunk
         relay = Relay(Usage())
         try:
             response = await forward(
@@ -292,6 +312,7 @@ class Exchange:
                 request_id=rec.request_id, response=self.response,
                 extra_headers=self.headers(),
                 max_response_bytes=gw.config.server.max_response_bytes, relay=relay,
+                preamble=preamble,
             )
             rec.phase = Phase.DONE
             return response
@@ -315,6 +336,12 @@ class Exchange:
             if rec.phase is not Phase.QUEUED:
                 out["x-slotgate-queue-wait-ms"] = f"{rec.queue_wait_ms:.0f}"
         return out
+
+    def retry_after(self, pools: Sequence[SlotPool]) -> int:
+        """Whole seconds until the first of `pools` is expected to take a request again."""
+        server = self.gw.config.server
+        soonest = min(pool.forecast(1) for pool in pools)
+        return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
 
     def rejection(self, reason: RejectReason, retry_s: int) -> ApiError:
         if reason is RejectReason.QUEUE_FULL:

@@ -72,6 +72,7 @@ class ParsedRequest:
     wants_usage: bool  # the client itself asked for stream_options.include_usage
     max_tokens: int | None
     raw: bytes = b""  # the body as received, for cheap size estimates
+    queue_events: bool = False  # body asked for named queue events: slotgate.queue_events
 
 
 async def read_body(request: web.BaseRequest, limit: int) -> bytes:
@@ -134,7 +135,12 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
             raise invalid(f"'{name}' must be a positive integer.", name)
         max_tokens = value
         break
-    return ParsedRequest(endpoint, body, model, stream, wants_usage, max_tokens, raw)
+    ours = body.get("slotgate")
+    if ours is not None and not isinstance(ours, dict):
+        raise invalid("'slotgate' must be an object.", "slotgate")
+    queue_events = isinstance(ours, dict) and ours.get("queue_events") is True
+    return ParsedRequest(endpoint, body, model, stream, wants_usage, max_tokens, raw,
+                         queue_events)
 
 
 def _check_messages(messages: object) -> None:
@@ -157,6 +163,7 @@ def upstream_body(parsed: ParsedRequest, upstream_model: str) -> bytes:
     """The body sent upstream: the client's, with `model` rewritten and usage asked for."""
     body = dict(parsed.body)
     body["model"] = upstream_model
+    body.pop("slotgate", None)  # the gateway's own options never reach an engine
     if parsed.stream and not parsed.wants_usage:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True

@@ -116,6 +116,7 @@ async def forward(
     extra_headers: dict[str, str],
     max_response_bytes: int,
     relay: Relay,
+    preamble: bytes = b"",
 ) -> web.StreamResponse:
     """Send `body` upstream and answer the client.
 
@@ -151,6 +152,8 @@ async def forward(
                 response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
                 relay.response = response
                 await _send(response.prepare(request))
+                if preamble:
+                    await _send(response.write(preamble))
             relay.streaming = True
             chunk = first
             while chunk:

@@ -104,3 +104,21 @@ def _data(event: bytes) -> bytes:
 def comment(text: str) -> bytes:
     """An SSE comment line: every OpenAI SDK ignores it, proxies see traffic."""
     return b": " + text.encode() + b"\n\n"
+
+
+def queue_frame(position: int, eta_s: float, pool: str, events: bool) -> bytes:
+    """Where a waiting stream stands: a comment by default, a named event when asked."""
+    ahead = max(0, position - 1)
+    if not events:
+        return comment(f"queue position={position} ahead={ahead} eta_s={eta_s:.1f}")
+    data = {"position": position, "ahead": ahead, "eta_s": round(eta_s, 1), "pool": pool}
+    return b"event: queue_status\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def start_frame(backend: str, reason: str | None, queue_wait_ms: float, events: bool) -> bytes:
+    """The slot is granted: the answer follows."""
+    if not events:
+        return comment(f"slot granted backend={backend} reason={reason} "
+                       f"queue_wait_ms={queue_wait_ms:.0f}")
+    data = {"backend": backend, "reason": reason, "queue_wait_ms": round(queue_wait_ms)}
+    return b"event: start\ndata: " + orjson.dumps(data) + b"\n\n"

@@ -69,6 +69,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         ("/v1/chat/completions", orjson.dumps({**CHAT, "stream_options": 3}), 400,
          "stream_options"),
         ("/v1/completions", orjson.dumps({"model": "chat"}), 400, "prompt"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "slotgate": 3}), 400, "slotgate"),
         ("/v1/chat/completions", orjson.dumps({**CHAT, "model": "gpt-9"}), 404, "model"),
     ],
 )
