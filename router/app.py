@@ -18,7 +18,7 @@ from policies.config import Config, FallbackWhen
 from policies.eta import HoldTimeEstimator
 from policies.handover import MoveOffers
 from policies.slots import LocalSlotPool
-from router import dispatch
+from router import dispatch, pages
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import ApiError
 from router.proxy import Upstream
@@ -45,6 +45,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    pages.setup(app)
     return app
 
 

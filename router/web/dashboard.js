@@ -1,0 +1,172 @@
+// The live dashboard: one card per slot pool, updated by the gateway's `event: pools`
+// stream (GET /dashboard/events). No polling: EventSource reconnects by itself, and after
+// a refusal (e.g. too many dashboards) we try again a little later. Text only, no HTML.
+
+const $ = (id) => document.getElementById(id);
+const poolsEl = $("pools");
+const conn = $("conn");
+const RETRY_MS = 10000;
+const MAX_SEGMENTS = 32; // more slots than this: one continuous bar instead of one per slot
+const cards = new Map(); // pool name -> {root, fields...}
+
+function setConn(state, text) {
+  conn.dataset.state = state;
+  if (conn.textContent !== text) conn.textContent = text; // a live region: only real changes
+}
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function figure(label) {
+  const wrap = el("div");
+  const value = el("dd", "", "–");
+  wrap.append(el("dt", "", label), value);
+  return [wrap, value];
+}
+
+function labelled(label, labelId) {
+  const row = el("div", "row-label");
+  const name = el("span", "", label);
+  name.id = labelId;
+  const value = el("span", "", "–");
+  row.append(name, value);
+  return [row, value];
+}
+
+function makeCard(pool) {
+  const root = el("article", "card pool");
+  const id = `pool-${cards.size}`;
+  root.setAttribute("aria-labelledby", `${id}-name`);
+  root.dataset.pool = pool.name;
+
+  const title = el("div", "pool-title");
+  const name = el("h2", "", pool.name);
+  name.id = `${id}-name`;
+  title.append(name, el("span", "pool-model", pool.model || ""));
+
+  const [slotsRow, slotsText] = labelled("Slots busy", `${id}-slots`);
+  const slots = el("div", "slots");
+  slots.setAttribute("role", "meter");
+  slots.setAttribute("aria-labelledby", `${id}-slots`);
+  slots.setAttribute("aria-valuemin", "0");
+
+  const [queueRow, queueText] = labelled("Queue", `${id}-queue`);
+  const queue = el("div", "meter queue");
+  queue.setAttribute("role", "meter");
+  queue.setAttribute("aria-labelledby", `${id}-queue`);
+  queue.setAttribute("aria-valuemin", "0");
+  const queueFill = el("span");
+  queue.append(queueFill);
+
+  const figures = el("dl", "figures");
+  const [etaWrap, eta] = figure("Next free slot");
+  const [rejWrap, rejected] = figure("429s (1 min)");
+  const [fbWrap, fallback] = figure("Fallbacks (1 min)");
+  figures.append(etaWrap, rejWrap, fbWrap);
+
+  const slotsBlock = el("div");
+  slotsBlock.append(slotsRow, slots);
+  const queueBlock = el("div");
+  queueBlock.append(queueRow, queue);
+  root.append(title, slotsBlock, queueBlock, figures);
+  return { root, slots, slotsText, queue, queueFill, queueText, eta, rejected, fallback,
+           capacity: -1 };
+}
+
+function renderSlots(card, pool) {
+  const capacity = Math.max(0, pool.capacity | 0);
+  const active = Math.min(capacity, Math.max(0, pool.active | 0));
+  if (card.capacity !== capacity) {
+    card.capacity = capacity;
+    card.slots.replaceChildren();
+    if (capacity <= MAX_SEGMENTS) {
+      card.slots.className = "slots";
+      for (let i = 0; i < capacity; i++) card.slots.append(el("span", "slot"));
+    } else {
+      card.slots.className = "slots meter";
+      card.slots.append(el("span"));
+    }
+  }
+  const full = capacity > 0 && active >= capacity;
+  card.slots.classList.toggle("full", full);
+  if (capacity <= MAX_SEGMENTS) {
+    [...card.slots.children].forEach((s, i) => s.classList.toggle("busy", i < active));
+  } else {
+    card.slots.firstChild.style.width = `${(100 * active) / capacity}%`;
+  }
+  card.slots.setAttribute("aria-valuemax", String(capacity));
+  card.slots.setAttribute("aria-valuenow", String(active));
+  card.slotsText.textContent = `${active} / ${capacity}`;
+}
+
+function render(pools) {
+  if (!Array.isArray(pools)) return;
+  if (cards.size === 0) poolsEl.replaceChildren();
+  const seen = new Set();
+  let busy = 0, capacity = 0, queued = 0, rejected = 0, fallback = 0;
+  for (const pool of pools) {
+    if (!pool || typeof pool.name !== "string") continue;
+    seen.add(pool.name);
+    let card = cards.get(pool.name);
+    if (!card) {
+      card = makeCard(pool);
+      cards.set(pool.name, card);
+      poolsEl.append(card.root);
+    }
+    renderSlots(card, pool);
+    const limit = Math.max(0, pool.queue_limit | 0);
+    const depth = Math.max(0, pool.queued | 0);
+    card.queueText.textContent = `${depth} / ${limit}`;
+    card.queueFill.style.width = limit ? `${Math.min(100, (100 * depth) / limit)}%` : "0%";
+    card.queue.classList.toggle("full", limit > 0 && depth >= limit);
+    card.queue.setAttribute("aria-valuemax", String(limit));
+    card.queue.setAttribute("aria-valuenow", String(depth));
+    const eta = Number(pool.eta_s);
+    card.eta.textContent = eta > 0 ? `≈ ${eta < 10 ? eta.toFixed(1) : Math.round(eta)} s` : "now";
+    card.rejected.textContent = String(pool.rejected_1m | 0);
+    card.rejected.classList.toggle("hot", (pool.rejected_1m | 0) > 0);
+    card.fallback.textContent = String(pool.fallback_1m | 0);
+    busy += pool.active | 0;
+    capacity += pool.capacity | 0;
+    queued += depth;
+    rejected += pool.rejected_1m | 0;
+    fallback += pool.fallback_1m | 0;
+  }
+  for (const [name, card] of cards) {
+    if (!seen.has(name)) {
+      card.root.remove();
+      cards.delete(name);
+    }
+  }
+  $("total-busy").textContent = `${busy} / ${capacity}`;
+  $("total-queued").textContent = String(queued);
+  $("total-rejected").textContent = String(rejected);
+  $("total-fallback").textContent = String(fallback);
+  $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
+  if (conn.dataset.state !== "live") setConn("live", "Live");
+}
+
+function connect() {
+  const source = new EventSource("/dashboard/events");
+  source.addEventListener("open", () => setConn("live", "Live"));
+  source.addEventListener("pools", (ev) => {
+    let pools = null;
+    try { pools = JSON.parse(ev.data); } catch { return; }
+    render(pools);
+  });
+  source.addEventListener("error", () => {
+    if (source.readyState === EventSource.CLOSED) {
+      // refused (e.g. 503: too many dashboards): EventSource gives up, so we retry later
+      setConn("down", "Disconnected · retrying in 10 s");
+      setTimeout(connect, RETRY_MS);
+    } else {
+      setConn("connecting", "Reconnecting…");
+    }
+  });
+}
+
+connect();
