@@ -81,6 +81,7 @@ class SlotPool(Protocol):
 
 
 Clock = Callable[[], float]
+FORECAST_TTL_S = 0.25
 
 
 class LocalLease:
@@ -179,6 +180,10 @@ class LocalSlotPool:
         self._watchers: list[Callable[[LocalSlotPool], None]] = []
         self._leases: dict[LocalLease, float] = {}  # held now -> granted at
         self._change: asyncio.Future[None] | None = None
+        # Every waiter re-reads its ETA after each change: one forecast per position serves
+        # them all until the next change (or FORECAST_TTL_S, as the running leases age).
+        self._forecasts: dict[int, float] = {}
+        self._forecast_at = 0.0
 
     @property
     def queued(self) -> int:
@@ -197,8 +202,15 @@ class LocalSlotPool:
     def forecast(self, position: int) -> float:
         """Expected seconds until the ticket at `position` (1 = next) gets a slot."""
         now = self.clock()
-        ages = [now - granted for granted in self._leases.values()]
-        return predict_wait(self.estimator, ages, self.capacity, position)
+        if now - self._forecast_at > FORECAST_TTL_S:
+            self._forecasts.clear()
+            self._forecast_at = now
+        cached = self._forecasts.get(position)
+        if cached is None:
+            ages = [now - granted for granted in self._leases.values()]
+            cached = predict_wait(self.estimator, ages, self.capacity, position)
+            self._forecasts[position] = cached
+        return cached
 
     def next_change(self) -> asyncio.Future[None]:
         """A future resolved at the next change of active or queued (one for all waiters)."""
@@ -262,6 +274,7 @@ class LocalSlotPool:
         self._changed()
 
     def _changed(self) -> None:
+        self._forecasts.clear()
         if self._change is not None and not self._change.done():
             self._change.set_result(None)
         for callback in self._watchers:

@@ -168,3 +168,23 @@ async def test_release_records_hold_time_and_watchers_see_changes() -> None:
     unwatch()
     assert pool.estimator.mean_s == 2.5
     assert seen == [(1, 0), (0, 0)]
+
+
+async def test_forecast_uses_running_ages_and_is_shared_until_a_change() -> None:
+    now = [0.0]
+    pool = LocalSlotPool("p", 1, 4, HoldTimeEstimator(10.0), clock=lambda: now[0])
+    for _ in range(5):  # learn: every request holds its slot 10 s
+        lease = pool.acquire_nowait()
+        assert lease is not None
+        now[0] += 10.0
+        await lease.release()
+    running = pool.acquire_nowait()
+    assert running is not None
+    now[0] += 8.0  # it has run 8 of its ~10 s
+    first = pool.forecast(1)
+    assert 0 < first < 10.0  # sooner than a fresh hold: the running request is nearly done
+    assert pool.forecast(2) > first
+    ticket = pool.enqueue_nowait()  # a change: forecasts are recomputed
+    assert ticket is not None and ticket.eta_s() == pool.forecast(1)
+    await ticket.withdraw()
+    await running.release()
