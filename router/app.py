@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, FallbackWhen
 from policies.eta import HoldTimeEstimator
@@ -45,6 +46,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
     pages.setup(app)
     return app
 
@@ -72,6 +74,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
                 name, backend.slots, backend.queue_limit,
                 HoldTimeEstimator(backend.initial_hold_s),
             )
+            gw.metrics.watch(gw.pools[name])
         routes = gw.config.routes.values()
         steering = [r for r in routes if r.fallback.when is not FallbackWhen.NEVER]
         for route in steering:
@@ -112,6 +115,11 @@ async def _models(request: web.Request) -> web.Response:
         for name in config.routes
     ]
     return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -156,6 +156,7 @@ class Exchange:
             self.rec.phase = Phase.BEFORE_FIRST_BYTE
             return await self.forward(parsed, lease.pool)
         finally:
+            self.gw.metrics.holding.labels(lease.pool).observe(lease.held_s)
             await lease.release()
 
     async def admit(self, parsed: ParsedRequest, route: RouteConfig) -> Lease:
@@ -171,7 +172,7 @@ class Exchange:
             )
             if isinstance(decision, Reject):
                 tried = [primary, *fallbacks] if route.overflow is Overflow.FALLBACK else [primary]
-                raise self.rejection(decision.reason, self.retry_after(tried))
+                raise self.rejection(decision.reason, self.retry_after(tried), primary.name)
             target, reason, movable = decision.pool, decision.reason.value, None
             if target == primary.name and _may_steer(route, decision):
                 step = self.steer(parsed, route)
@@ -187,14 +188,16 @@ class Exchange:
             ticket = await pool.enqueue()
             if ticket is not None:
                 return await self.wait(parsed, pool, ticket, movable)
-        raise self.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s)
+        raise self.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
 
     def steer(self, parsed: ParsedRequest, route: RouteConfig) -> Move | Stay:
         """Classify once, then ask the fallback policy whether to leave the primary."""
         gw, rec = self.gw, self.rec
         if self.facts is None:
             assert gw.classifier is not None, "steering routes load the classifier at startup"
+            began = time.perf_counter()
             prediction = gw.classifier.predict(request_text(parsed.body))
+            gw.metrics.classifier.observe(time.perf_counter() - began)
             self.facts = RequestFacts(
                 prediction.intent, prediction.p_simple(route.fallback.intents),
                 estimate_tokens(len(parsed.raw.decode(errors="replace")), len(parsed.raw)),
@@ -227,13 +230,15 @@ class Exchange:
             else:
                 lease = await self.wait_or_move(ticket, timeout, self.gw.offers[movable])
         except QueueTimeout:
-            raise self.rejection(RejectReason.QUEUE_TIMEOUT, self.retry_after([pool])) from None
+            raise self.rejection(RejectReason.QUEUE_TIMEOUT, self.retry_after([pool]),
+                                 pool.name) from None
         finally:
             if heartbeat is not None:
                 # Not awaited: a granted request goes upstream at once. Cancelled at an
                 # await, the reporter can no longer write after this point.
                 heartbeat.cancel()
             rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
+            self.gw.metrics.queue_wait.labels(pool.name).observe(rec.queue_wait_ms / 1000)
         return lease
 
     async def wait_or_move(self, ticket: Ticket, limit_s: float, offers: MoveOffers) -> Lease:
@@ -343,7 +348,8 @@ class Exchange:
         soonest = min(pool.forecast(1) for pool in pools)
         return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
 
-    def rejection(self, reason: RejectReason, retry_s: int) -> ApiError:
+    def rejection(self, reason: RejectReason, retry_s: int, backend: str) -> ApiError:
+        self.gw.metrics.rejections.labels(backend, reason.value).inc()
         if reason is RejectReason.QUEUE_FULL:
             err = ApiError(429, "All slots and queues for this model are full; retry later.",
                            "rate_limit_error", reason.value)

@@ -15,6 +15,7 @@ from classifier.model import IntentClassifier
 from policies.config import Config
 from policies.handover import MoveOffers
 from policies.slots import LocalSlotPool
+from router.metrics import Metrics
 from router.proxy import Upstream
 
 if TYPE_CHECKING:
@@ -35,8 +36,12 @@ class Gateway:
     recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=RECENT_RECORDS))
     ready: bool = False
 
+    metrics: Metrics = field(default_factory=Metrics)
+
     def record(self, rec: RequestRecord) -> None:
         self.recent.append(rec)
+        route = self.config.routes.get(rec.route) if rec.route else None
+        self.metrics.record(rec, route.primary if route else None)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

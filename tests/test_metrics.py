@@ -1,0 +1,79 @@
+"""/metrics through ten users and three slots, and the per-request log line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from router.app import RunningGateway
+from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
+from tests.test_queueing import send_in_order
+
+
+async def scrape(gw: RunningGateway) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with aiohttp.ClientSession() as http, http.get(gw.url + "/metrics") as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = await resp.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+          **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics_follow_ten_users_on_three_slots(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("big-70b", slots=3, queue_limit=5)))
+    before = await scrape(gw)
+    assert value(before, "slotgate_slot_capacity", backend="big") == 3
+    assert value(before, "llm_active_slots_gauge", backend="big") == 0
+    sim = engine(gw)
+    sim.hold()
+    tasks, rejected = await send_in_order(gw, 10)
+    busy = await scrape(gw)
+    assert value(busy, "llm_active_slots_gauge", backend="big") == 3
+    assert value(busy, "llm_queue_depth_gauge", backend="big") == 5
+    assert value(busy, "llm_rejection_total", backend="big", reason="queue_full") == 2
+    assert len(rejected) == 2
+    sim.release()
+    await asyncio.gather(*tasks[:8])
+    await assert_idle(gw)
+    after = await scrape(gw)
+    assert value(after, "llm_active_slots_gauge", backend="big") == 0
+    assert value(after, "llm_queue_depth_gauge", backend="big") == 0
+    assert value(after, "llm_queue_wait_time_seconds_count", backend="big") == 5
+    assert value(after, "llm_slot_holding_time_seconds_count", backend="big") == 8
+    assert value(after, "slotgate_requests_total", route="chat", backend="big",
+                 status_class="2xx") == 8
+    assert value(after, "slotgate_requests_total", route="chat", backend="none",
+                 status_class="4xx") == 2
+    assert value(after, "slotgate_tokens_total", backend="big", direction="out") == 8 * 8
+    assert value(after, "slotgate_ttft_seconds_count", backend="big") == 8
+
+
+async def test_log_line_is_json_without_content(
+    start: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1)))
+    secret = "my very private prompt 12345"
+    with caplog.at_level(logging.INFO, logger="slotgate.access"):
+        async with aiohttp.ClientSession() as http:
+            async with http.post(gw.url + "/v1/chat/completions", json={
+                    "model": "chat", "messages": [{"role": "user", "content": secret}]}) as r:
+                answer = await r.json()
+    line = next(rec.getMessage() for rec in caplog.records if rec.name == "slotgate.access")
+    entry = orjson.loads(line)
+    for field in ("request_id", "route", "backend", "reason", "queue_wait_ms", "ttft_ms",
+                  "total_ms", "prompt_tokens", "completion_tokens", "status", "disconnect"):
+        assert field in entry
+    assert entry["status"] == 200 and entry["backend"] == "big"
+    assert secret not in line
+    assert answer["choices"][0]["message"]["content"] not in line
+    await assert_idle(gw)
