@@ -169,8 +169,14 @@ def cross_check(
     return problems
 
 
+class LoggingConfig(_Model):
+    access: bool = True  # one JSON line per request (logger slotgate.access, level INFO)
+    content: bool = False  # add the prompt text the classifier reads to that line
+
+
 class Config(_Model):
     server: ServerConfig = ServerConfig()
+    logging: LoggingConfig = LoggingConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: dict[str, RouteConfig] = Field(min_length=1)
 

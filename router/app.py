@@ -166,6 +166,16 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     await site.start()
     bound = runner.addresses[0][1]
     url = f"http://{host}:{bound}"
+    for name, backend in config.backends.items():
+        where = "simulated" if backend.simulated is not None else str(backend.url)
+        log.info("backend %s: %s, %d slots, queue %d (%g s), model %s", name, where,
+                 backend.slots, backend.queue_limit, backend.queue_timeout_s, backend.model)
+    for name, route in config.routes.items():
+        log.info("route %s -> %s%s, overflow %s, intent fallback %s", name, route.primary,
+                 "".join(f" | {f}" for f in route.fallbacks), route.overflow.value,
+                 route.fallback.when.value)
+    log.info("content logging %s", "ON: prompts appear in the access log"
+             if config.logging.content else "off")
     log.info("slotgate listening on %s (%d backends, %d routes)", url,
              len(config.backends), len(config.routes))
     return RunningGateway(app, runner, url)

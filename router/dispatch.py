@@ -111,7 +111,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     try:
         async with asyncio.timeout(gw.config.server.body_read_timeout_s):
             raw = await read_body(request, gw.config.server.max_body_bytes)
-        parsed = parse_request(raw, endpoint)
+        parsed = exchange.parsed = parse_request(raw, endpoint)
         rec.stream = parsed.stream
         route = gw.config.routes.get(parsed.model)
         if route is None:
@@ -133,14 +133,20 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     finally:
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
-        if log.isEnabledFor(logging.INFO):
-            log.info(orjson.dumps(rec).decode())
+        logs = gw.config.logging
+        if logs.access and log.isEnabledFor(logging.INFO):
+            if logs.content and exchange.parsed is not None:  # the operator asked for it
+                line = {**orjson.loads(orjson.dumps(rec)),
+                        "prompt": request_text(exchange.parsed.body)}
+                log.info(orjson.dumps(line).decode())
+            else:
+                log.info(orjson.dumps(rec).decode())
 
 
 class Exchange:
     """The state of one request while it is admitted, queued and forwarded."""
 
-    __slots__ = ("facts", "gw", "rec", "request", "response")
+    __slots__ = ("facts", "gw", "parsed", "rec", "request", "response")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord) -> None:
         self.request = request
@@ -148,6 +154,7 @@ class Exchange:
         self.rec = rec
         self.response: web.StreamResponse | None = None  # set once SSE headers went out
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
+        self.parsed: ParsedRequest | None = None
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
         lease = await self.admit(parsed, route)

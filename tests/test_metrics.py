@@ -77,3 +77,19 @@ async def test_log_line_is_json_without_content(
     assert secret not in line
     assert answer["choices"][0]["message"]["content"] not in line
     await assert_idle(gw)
+
+
+async def test_content_logging_is_opt_in(
+    start: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    raw = gateway_config(sim_backend("m", slots=1))
+    raw["logging"] = {"content": True}
+    gw = await start(raw)
+    with caplog.at_level(logging.INFO, logger="slotgate.access"):
+        async with aiohttp.ClientSession() as http:
+            async with http.post(gw.url + "/v1/chat/completions", json={
+                    "model": "chat", "messages": [{"role": "user", "content": "hello 42"}]}) as r:
+                assert r.status == 200
+    line = next(rec.getMessage() for rec in caplog.records if rec.name == "slotgate.access")
+    assert orjson.loads(line)["prompt"] == "hello 42"
+    await assert_idle(gw)
