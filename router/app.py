@@ -85,6 +85,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             from classifier.model import load_default  # scikit-learn: only when needed
 
             gw.classifier = load_default()
+            gw.classifier.predict("warm up")  # the first prediction pays numpy's start-up
         gw.ready = True
         yield
     finally:
