@@ -6,7 +6,7 @@ Label values come from the config (backend and route names) or from closed sets
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -56,6 +56,8 @@ class Metrics:
                                    ["backend", "phase"], registry=r)
         self.tokens = Counter("slotgate_tokens", "Tokens in and out", ["backend", "direction"],
                               registry=r)
+        self._requests: dict[tuple[str, str, int], Any] = {}
+        self._per_backend: dict[str, tuple[Any, Any, Any]] = {}
 
     def watch(self, pool: LocalSlotPool) -> None:
         self.capacity.labels(pool.name).set(pool.capacity)
@@ -74,8 +76,12 @@ class Metrics:
         """Everything a finished request tells, from its record."""
         backend = rec.backend or "none"
         if rec.status:
-            self.requests.labels(rec.route or "unknown", backend,
-                                 f"{rec.status // 100}xx").inc()
+            key = (rec.route or "unknown", backend, rec.status // 100)
+            counter = self._requests.get(key)
+            if counter is None:  # label lookups cost microseconds: keep the children
+                counter = self._requests[key] = self.requests.labels(
+                    key[0], backend, f"{key[2]}xx")
+            counter.inc()
         if rec.error in UPSTREAM_ERROR_KIND and rec.backend:
             self.upstream_errors.labels(rec.backend, UPSTREAM_ERROR_KIND[rec.error]).inc()
         if rec.disconnect is not None and rec.backend:
@@ -83,11 +89,18 @@ class Metrics:
         if rec.reason and rec.reason.startswith("fallback:") and primary and rec.backend:
             intent = "overflow" if rec.reason == "fallback:overflow" else rec.intent or "unknown"
             self.fallbacks.labels(primary, rec.backend, intent).inc()
-        if rec.ttft_ms is not None and rec.backend:
-            self.ttft.labels(rec.backend).observe(rec.ttft_ms / 1000)
-        if rec.prompt_tokens is not None and rec.backend:
-            self.tokens.labels(rec.backend, "in").inc(rec.prompt_tokens)
-            self.tokens.labels(rec.backend, "out").inc(rec.completion_tokens or 0)
+        if rec.backend is None:
+            return
+        per = self._per_backend.get(rec.backend)
+        if per is None:
+            per = self._per_backend[rec.backend] = (
+                self.ttft.labels(rec.backend), self.tokens.labels(rec.backend, "in"),
+                self.tokens.labels(rec.backend, "out"))
+        if rec.ttft_ms is not None:
+            per[0].observe(rec.ttft_ms / 1000)
+        if rec.prompt_tokens is not None:
+            per[1].inc(rec.prompt_tokens)
+            per[2].inc(rec.completion_tokens or 0)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
