@@ -7,9 +7,12 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from policies.config import Config
+from pydantic import ValidationError
+
+from policies.config import SimulatedSpec
 from router.config import ConfigError, check_main, load_config
 
 
@@ -31,8 +34,6 @@ def main(argv: list[str] | None = None) -> int:
 
     # Subcommands that own their flags get the rest of the line untouched.
     if argv[:1] == ["simulate"]:
-        from router.simulated import simulate_main
-
         return simulate_main(argv[1:])
     if argv[:1] == ["demo"]:
         from router.demo import demo_main
@@ -59,8 +60,77 @@ def _serve(path: str | None, host: str | None, port: int | None, level: str) -> 
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve_forever(config, host, port))
+
+    async def start() -> Closable:
+        from router.app import start_gateway
+
+        return await start_gateway(config, host, port)
+
+    return _run_until_signal(start, f"{host or config.server.host}:{port or config.server.port}")
+
+
+# CLI flag -> SimulatedSpec field; flags left out keep the spec's defaults.
+_SPEC_FLAGS = {
+    "--slots": ("max_num_seqs", int), "--ttft-s": ("ttft_s", float),
+    "--tokens-per-s": ("tokens_per_s", float), "--batch-slowdown": ("batch_slowdown", float),
+    "--prefill-s-per-token": ("prefill_s_per_token", float),
+    "--output-tokens": ("output_tokens", int), "--seed": ("seed", int),
+    "--output-tokens-spread": ("output_tokens_spread", float),
+}
+
+
+def simulate_main(argv: list[str] | None = None) -> int:
+    """`slotgate simulate`: a standalone simulated engine, until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="slotgate simulate",
+                                     description="Serve a simulated OpenAI-compatible engine.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="simulated")
+    for flag, (dest, kind) in _SPEC_FLAGS.items():
+        parser.add_argument(flag, dest=dest, type=kind)
+    args = parser.parse_args(argv)
+    try:
+        spec = SimulatedSpec(**{dest: getattr(args, dest) for dest, _ in _SPEC_FLAGS.values()
+                                if getattr(args, dest) is not None})
+    except ValidationError as exc:
+        print(f"slotgate simulate: {exc}", file=sys.stderr)
+        return 2
+
+    async def start() -> Closable:
+        from router.simulated import start_simulator
+
+        sim = await start_simulator(spec, args.model, args.host, args.port)
+        print(f"slotgate simulate: {args.model} with {spec.max_num_seqs} seqs on {sim.url}",
+              flush=True)
+        return sim
+
+    return _run_until_signal(start, f"{args.host}:{args.port}")
+
+
+class Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+def _run_until_signal(start: Callable[[], Awaitable[Closable]], where: str) -> int:
+    """Start a server on uvloop (when installed), serve until SIGINT or SIGTERM, close it."""
+
+    async def serve() -> None:
+        running = await start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await running.close()
+
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(serve())
+    except OSError as exc:
+        print(f"slotgate: cannot listen on {where}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -71,17 +141,3 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop
-
-
-async def _serve_forever(config: Config, host: str | None, port: int | None) -> None:
-    from router.app import start_gateway
-
-    running = await start_gateway(config, host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await running.close()

@@ -6,24 +6,19 @@ test controls (hold/release, injected faults, per-request records). It never log
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import enum
 import functools
 import itertools
 import random
-import signal
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
 
@@ -456,57 +451,3 @@ async def start_simulator(
     bound_host, bound_port = runner.addresses[0][:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     return RunningSim(engine, f"http://{shown}:{bound_port}", runner)
-
-
-_SPEC_FLAGS = {  # CLI flag -> SimulatedSpec field; unset flags keep the spec's defaults
-    "--slots": ("max_num_seqs", int), "--ttft-s": ("ttft_s", float),
-    "--tokens-per-s": ("tokens_per_s", float), "--batch-slowdown": ("batch_slowdown", float),
-    "--prefill-s-per-token": ("prefill_s_per_token", float),
-    "--output-tokens": ("output_tokens", int), "--seed": ("seed", int),
-    "--output-tokens-spread": ("output_tokens_spread", float),
-}
-
-
-def simulate_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slotgate simulate",
-                                     description="Serve a simulated OpenAI-compatible engine.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", default="simulated")
-    for flag, (dest, kind) in _SPEC_FLAGS.items():
-        parser.add_argument(flag, dest=dest, type=kind)
-    args = parser.parse_args(argv)
-    try:
-        spec = SimulatedSpec(**{dest: getattr(args, dest) for dest, _ in _SPEC_FLAGS.values()
-                                if getattr(args, dest) is not None})
-    except ValidationError as exc:
-        print(f"slotgate simulate: {exc}", file=sys.stderr)
-        return 2
-
-    async def serve() -> None:
-        sim = await start_simulator(spec, args.model, args.host, args.port)
-        print(f"slotgate simulate: {args.model} with {spec.max_num_seqs} seqs on {sim.url}",
-              flush=True)
-        stopping = asyncio.Event()
-        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
-        try:
-            await stopping.wait()  # Ctrl-C cancels this wait
-        finally:
-            await sim.close()
-
-    try:
-        import uvloop
-    except ImportError:
-        run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
-    else:
-        run = uvloop.run
-    try:
-        run(serve())
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        print(f"slotgate simulate: cannot listen on {args.host}:{args.port}: {exc}",
-              file=sys.stderr)
-        return 1
-    return 0

@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from policies.config import SimulatedSpec
-from router.simulated import FaultMode, RunningSim, SimEngine, simulate_main, start_simulator
+from router.cli import simulate_main
+from router.simulated import FaultMode, RunningSim, SimEngine, start_simulator
 
 FAST = SimulatedSpec(max_num_seqs=2, ttft_s=0, tokens_per_s=0, output_tokens=5)
 CHAT = {"model": "m-public", "messages": [{"role": "user", "content": "x" * 40}]}
@@ -325,7 +326,7 @@ def test_simulate_main_rejects_bad_settings() -> None:
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 async def test_simulate_main_serves_until_stopped(stop: signal.Signals) -> None:
-    code = "import sys; from router.simulated import simulate_main; sys.exit(simulate_main())"
+    code = "import sys; from router.cli import simulate_main; sys.exit(simulate_main())"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", code, "--port", "0", "--model", "cli-model", "--ttft-s", "0",
         stdout=asyncio.subprocess.PIPE,
