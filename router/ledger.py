@@ -1,0 +1,180 @@
+"""The usage and cost ledger: one row per request, written in batches off the hot path.
+
+`Ledger.add` is a list append; a background task hands batches to a `Store`
+(SQLite by default, PostgreSQL for several replicas). Rows are keyed by a
+gateway-made id and inserted with "on conflict do nothing", so writing a batch
+twice (a retry after a failed commit or a crash) never duplicates a row.
+Nothing here holds prompt or completion text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass, fields
+from typing import Protocol
+
+log = logging.getLogger("slotgate.ledger")
+
+
+@dataclass(slots=True)
+class LedgerRow:
+    """One request, as the ledger keeps it. Times are in ms, `ts` in Unix seconds."""
+
+    id: str  # made by the gateway, unique per request: the idempotency key
+    ts: float  # when the request arrived
+    request_id: str  # the x-request-id the client saw (its own, when it sent one)
+    endpoint: str  # chat | completions
+    route: str | None  # the model name the client asked for
+    primary: str | None  # that route's primary backend
+    experiment: str | None
+    arm: str | None
+    tenant: str | None  # the API key id (a hash prefix, never the key)
+    backend: str | None  # the backend that served it (or would have)
+    reason: str | None  # primary | fallback:overflow | fallback:simple:<intent>:<p>
+    intent: str | None
+    p_simple: float | None
+    stream: bool
+    status: int  # HTTP status; 499 when the client left first
+    error: str | None  # the error code, e.g. queue_full, queue_timeout, upstream_timeout
+    disconnect: str | None  # where the client left: queued | before_first_byte | streaming
+    queue_wait_ms: float
+    ttft_ms: float | None
+    total_ms: float
+    slot_ms: float  # how long it held a slot
+    prompt_tokens: int
+    completion_tokens: int
+    tokens_estimated: bool  # the backend gave no usage: counted or estimated by the gateway
+    cost: float  # in the config's currency
+    counterfactual_cost: float  # the same request on the route's primary (estimated)
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))
+
+
+def row_values(row: LedgerRow) -> tuple[object, ...]:
+    return astuple(row)
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    since: float | None = None  # Unix seconds, inclusive
+    until: float | None = None  # Unix seconds, exclusive
+    experiment: str | None = None
+    route: str | None = None
+
+
+class Store(Protocol):
+    """Where rows go. `write` must be idempotent on `LedgerRow.id`."""
+
+    name: str
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema."""
+
+    async def write(self, rows: Sequence[LedgerRow]) -> None: ...
+
+    async def fetch(self, where: RowFilter) -> list[LedgerRow]: ...
+
+    async def purge(self, before_ts: float) -> int:
+        """Delete rows older than `before_ts`; returns how many."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Ledger:
+    """Buffers rows and writes them in batches; `close` writes every row still held.
+
+    The buffer is bounded: while the store is unreachable rows are kept up to
+    `max_pending`, then the oldest are dropped and counted (never the event loop blocked).
+    """
+
+    def __init__(self, store: Store, batch_rows: int = 500, flush_interval_s: float = 0.5,
+                 max_pending: int = 100_000, retention_s: float | None = None) -> None:
+        self.store = store
+        self.batch_rows = batch_rows
+        self.flush_interval_s = flush_interval_s
+        self.max_pending = max_pending
+        self.retention_s = retention_s
+        self.written = 0
+        self.dropped = 0
+        self.failures = 0
+        self._pending: list[LedgerRow] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        await self.store.open()
+        await self._purge()
+        self._task = asyncio.create_task(self._run(), name="ledger-writer")
+
+    def add(self, row: LedgerRow) -> None:
+        pending = self._pending
+        pending.append(row)
+        if len(pending) > self.max_pending:
+            del pending[0]
+            self.dropped += 1
+        if len(pending) >= self.batch_rows:
+            self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> None:
+        """Write everything added so far (raises if the store fails)."""
+        while self._pending:
+            batch = self._pending[: self.batch_rows]
+            await self.store.write(batch)
+            del self._pending[: len(batch)]
+            self.written += len(batch)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("ledger: %d rows could not be written at shutdown", self.pending)
+        finally:
+            await self.store.close()
+
+    async def _run(self) -> None:
+        purged_at = time.monotonic()
+        backoff = self.flush_interval_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception as exc:  # the store is down: keep the rows, try again later
+                self.failures += 1
+                backoff = min(30.0, backoff * 2)
+                log.warning("ledger: write to %s failed (%s: %s); %d rows held, retry in %.1f s",
+                            self.store.name, type(exc).__name__, exc, self.pending, backoff)
+                continue
+            backoff = self.flush_interval_s
+            if time.monotonic() - purged_at > 3600:
+                purged_at = time.monotonic()
+                await self._purge()
+
+    async def _purge(self) -> None:
+        if self.retention_s is None:
+            return
+        try:
+            removed = await self.store.purge(time.time() - self.retention_s)
+        except Exception as exc:
+            log.warning("ledger: retention purge failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if removed:
+            log.info("ledger: removed %d rows older than the retention period", removed)
