@@ -7,6 +7,7 @@ Pure data and validation: no YAML, no files, no environment lookups here
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Collection, Mapping
 from typing import Annotated, Literal, Self
 
@@ -79,6 +80,37 @@ class SimulatedSpec(_Model):
     seed: int | None = None
 
 
+NonNegativeMoney = Annotated[float, Field(ge=0, le=1_000_000)]
+
+
+class PriceConfig(_Model):
+    """Per token (hosted APIs) or per GPU time (self-hosted engines), in `Config.currency`.
+
+    GPU time becomes a slot-second price: gpu_hour x gpus / 3600 / slots.
+    """
+
+    input_per_mtok: NonNegativeMoney | None = None
+    output_per_mtok: NonNegativeMoney | None = None
+    gpu_hour: NonNegativeMoney | None = None
+    gpus: float | None = Field(default=None, gt=0, le=100_000)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        per_token = (self.input_per_mtok, self.output_per_mtok)
+        per_gpu = (self.gpu_hour, self.gpus)
+        if any(v is not None for v in per_token) and any(v is not None for v in per_gpu):
+            raise ValueError("give per-token prices (input_per_mtok, output_per_mtok) "
+                             "or GPU time (gpu_hour, gpus), not both")
+        if any(v is not None for v in per_token):
+            if None in per_token:
+                raise ValueError("per-token pricing needs both input_per_mtok and "
+                                 "output_per_mtok")
+        elif None in per_gpu:
+            raise ValueError("give input_per_mtok and output_per_mtok, "
+                             "or gpu_hour and gpus")
+        return self
+
+
 def target_problem(url: object, simulated: object) -> str | None:
     """A backend is either a real engine at `url` or an in-process simulated one."""
     if (url is None) == (simulated is None):
@@ -99,6 +131,7 @@ class BackendConfig(_Model):
     first_byte_timeout_s: PositiveSeconds = 60.0
     idle_timeout_s: PositiveSeconds = 60.0
     initial_hold_s: PositiveSeconds = 10.0  # slot holding time assumed before any is measured
+    price: PriceConfig | None = None  # None: the ledger counts this backend as free
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
@@ -169,6 +202,107 @@ def cross_check(
     return problems
 
 
+class ArmFallbackConfig(_Model):
+    """An arm's changes to a route's `fallback` section; what it leaves out stays."""
+
+    when: FallbackWhen | None = None
+    intents: frozenset[Intent] | None = Field(default=None, min_length=1)
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class ArmConfig(_Model):
+    """One arm of an experiment: a weight and the route settings it overrides."""
+
+    weight: float = Field(default=1.0, gt=0, le=1_000_000)
+    fallbacks: tuple[str, ...] | None = None
+    overflow: Overflow | None = None
+    fallback: ArmFallbackConfig | None = None
+
+    def apply(self, route: RouteConfig) -> RouteConfig:
+        """The route as this arm runs it."""
+        update: dict[str, object] = {}
+        if self.fallbacks is not None:
+            update["fallbacks"] = self.fallbacks
+        if self.overflow is not None:
+            update["overflow"] = self.overflow
+        if self.fallback is not None:
+            changes = self.fallback.model_dump(exclude_none=True)
+            update["fallback"] = route.fallback.model_copy(update=changes)
+        return route.model_copy(update=update)
+
+
+class ExperimentConfig(_Model):
+    """Requests to `route` are split between arms, sticky per subject (user, key, header)."""
+
+    route: str
+    enabled: bool = True
+    arms: dict[str, ArmConfig] = Field(min_length=2, max_length=16)
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, arms: dict[str, ArmConfig]) -> dict[str, ArmConfig]:
+        for name in arms:
+            if not _NAME.match(name):
+                raise ValueError(f"arm name {name!r} must match {_NAME.pattern}")
+        return arms
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_experiments(
+    experiments: Mapping[str, ExperimentConfig], backends: Collection[str],
+    routes: Mapping[str, RouteConfig],
+) -> list[tuple[Loc, str]]:
+    """Each enabled experiment names a route, at most one per route, and every arm's
+    route passes the same checks as a configured one."""
+    problems: list[tuple[Loc, str]] = []
+    claimed: dict[str, str] = {}
+    for name, exp in experiments.items():
+        if not _NAME.match(name):
+            problems.append((("experiments", name), f"name must match {_NAME.pattern}"))
+        route = routes.get(exp.route)
+        if route is None:
+            problems.append((("experiments", name, "route"),
+                             f"unknown route {exp.route!r} (known: {', '.join(routes)})"))
+            continue
+        if not exp.enabled:
+            continue
+        if exp.route in claimed:
+            problems.append((("experiments", name, "route"),
+                             f"route {exp.route!r} is already split by {claimed[exp.route]!r}"))
+        claimed.setdefault(exp.route, name)
+        for arm_name, arm in exp.arms.items():
+            for loc, message in cross_check(backends, {exp.route: arm.apply(route)}):
+                where: Loc = ("experiments", name, "arms", arm_name, *loc[2:])
+                problems.append((where, message))
+    return problems
+
+
+class LedgerConfig(_Model):
+    """Where the usage and cost ledger goes: a SQLite file, or PostgreSQL for many replicas.
+
+    Neither `path` nor `url`: no ledger.
+    """
+
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    url: str | None = Field(default=None, pattern=r"^postgres(ql)?://", max_length=4096)
+    retention_days: float | None = Field(default=90, gt=0, le=36_500)  # None: keep all
+    batch_rows: int = Field(default=500, ge=1, le=100_000)
+    flush_interval_s: float = Field(default=0.5, gt=0, le=60)
+    max_pending_rows: int = Field(default=100_000, ge=1, le=10_000_000)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Self:
+        if self.path is not None and self.url is not None:
+            raise ValueError("give 'path' (SQLite) or 'url' (PostgreSQL), not both")
+        return self
+
+    @property
+    def target(self) -> str | None:
+        return self.url or self.path
+
+
 class LoggingConfig(_Model):
     access: bool = True  # one JSON line per request (logger slotgate.access, level INFO)
     content: bool = False  # add the prompt text the classifier reads to that line
@@ -179,6 +313,9 @@ class Config(_Model):
     logging: LoggingConfig = LoggingConfig()
     backends: dict[str, BackendConfig] = Field(min_length=1)
     routes: dict[str, RouteConfig] = Field(min_length=1)
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")  # of every price
+    ledger: LedgerConfig = LedgerConfig()
+    experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Self:
@@ -189,7 +326,10 @@ class Config(_Model):
                 loc=loc,
                 input=None,
             )
-            for loc, message in cross_check(self.backends.keys(), self.routes)
+            for loc, message in [
+                *cross_check(self.backends.keys(), self.routes),
+                *check_experiments(self.experiments, self.backends.keys(), self.routes),
+            ]
         ]
         if errors:
             raise ValidationError.from_exception_data(type(self).__name__, errors)

@@ -17,10 +17,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, FallbackWhen
 from policies.eta import HoldTimeEstimator
+from policies.experiments import build_experiments
 from policies.handover import MoveOffers
+from policies.pricing import SlotTimeModel
 from policies.slots import LocalSlotPool
 from router import dispatch, pages
 from router.gateway import GATEWAY, Gateway
+from router.ledger_store import open_ledger
 from router.openai_api import ApiError
 from router.proxy import Upstream
 from router.simulated import start_simulator
@@ -75,6 +78,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
                 HoldTimeEstimator(backend.initial_hold_s),
             )
             gw.metrics.watch(gw.pools[name])
+            gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
+        gw.experiments = build_experiments(gw.config.experiments, gw.config.routes)
         routes = gw.config.routes.values()
         steering = [r for r in routes if r.fallback.when is not FallbackWhen.NEVER]
         for route in steering:
@@ -86,10 +91,15 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
 
             gw.classifier = load_default()
             gw.classifier.predict("warm up")  # the first prediction pays numpy's start-up
+        if gw.config.ledger.target is not None:
+            gw.ledger = open_ledger(gw.config.ledger)
+            await gw.ledger.start()
         gw.ready = True
         yield
     finally:
         gw.ready = False
+        if gw.ledger is not None:
+            await gw.ledger.close()  # after the server stopped taking requests: every row
         for upstream in gw.upstreams.values():
             await upstream.session.close()
         for sim in gw.simulators.values():

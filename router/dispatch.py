@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
 import logging
 import math
 import os
@@ -44,6 +45,7 @@ from router.sse import Usage, queue_frame, start_frame
 log = logging.getLogger("slotgate.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
+_MAX_SUBJECT = 512
 
 
 class Phase(enum.StrEnum):
@@ -63,7 +65,13 @@ class RequestRecord:
     request_id: str
     endpoint: str
     started_at: float  # time.perf_counter(): durations, not deadlines (uvloop's clock is in ms)
+    ts: float  # time.time() on arrival
+    row_id: str  # the ledger's key: ours, unique even when clients reuse request ids
     route: str | None = None
+    primary: str | None = None  # the route's primary: the counterfactual's backend
+    experiment: str | None = None
+    arm: str | None = None
+    tenant: str | None = None  # the API key id: a hash prefix, never the key
     backend: str | None = None
     reason: str | None = None
     stream: bool = False
@@ -71,12 +79,14 @@ class RequestRecord:
     error: str | None = None
     queue_wait_ms: float = 0.0
     slot_at: float | None = None  # perf_counter when the slot was granted
+    slot_ms: float = 0.0  # how long the slot was held
     ttft_ms: float | None = None
     total_ms: float = 0.0
     intent: str | None = None
     p_simple: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
     phase: Phase = Phase.ADMISSION
     disconnect: Phase | None = None
 
@@ -89,11 +99,32 @@ def _may_steer(route: RouteConfig, decision: Decision) -> bool:
     )
 
 
-def request_id(request: web.Request) -> str:
+def request_id(request: web.Request, own: str) -> str:
     given = request.headers.get("X-Request-Id")
     if given and _REQUEST_ID.match(given):
         return given
-    return os.urandom(12).hex()
+    return own
+
+
+def key_id(request: web.Request) -> str | None:
+    """Who is calling, for the ledger and sticky arms: a hash prefix of the bearer key."""
+    auth = request.headers.get("Authorization")
+    if not auth or not auth[:7].lower() == "bearer ":
+        return None
+    return hashlib.sha256(auth[7:].strip().encode(errors="replace")).hexdigest()[:12]
+
+
+def subject(parsed: ParsedRequest, tenant: str | None, request: web.Request) -> str | None:
+    """Whose arm: the OpenAI `user` field, else the API key id, else x-slotgate-subject."""
+    user = parsed.body.get("user")
+    if isinstance(user, str) and 0 < len(user) <= _MAX_SUBJECT:
+        return "user:" + user
+    if tenant is not None:
+        return "key:" + tenant
+    given = request.headers.get("X-Slotgate-Subject")
+    if given and len(given) <= _MAX_SUBJECT:
+        return "subject:" + given
+    return None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -106,7 +137,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    rec = RequestRecord(request_id(request), endpoint.value, time.perf_counter())
+    own = os.urandom(12).hex()
+    rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
+                        time.time(), own, tenant=key_id(request))
     exchange = Exchange(request, gw, rec)
     try:
         async with asyncio.timeout(gw.config.server.body_read_timeout_s):
@@ -117,7 +150,11 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         if route is None:
             raise ApiError(404, f"The model '{parsed.model}' does not exist.",
                            code="model_not_found", param="model")
-        rec.route = parsed.model
+        rec.route, rec.primary = parsed.model, route.primary
+        experiment = gw.experiments.get(parsed.model)
+        if experiment is not None:
+            arm = experiment.assign(subject(parsed, rec.tenant, request))
+            rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
         response = await exchange.run(parsed, route)
         rec.status = response.status
         return response
@@ -163,7 +200,9 @@ class Exchange:
             self.rec.phase = Phase.BEFORE_FIRST_BYTE
             return await self.forward(parsed, lease.pool)
         finally:
-            self.gw.metrics.holding.labels(lease.pool).observe(lease.held_s)
+            held_s = lease.held_s
+            self.rec.slot_ms = held_s * 1000
+            self.gw.metrics.holding.labels(lease.pool).observe(held_s)
             await lease.release()
 
     async def admit(self, parsed: ParsedRequest, route: RouteConfig) -> Lease:
@@ -335,9 +374,20 @@ class Exchange:
                 rec.phase = Phase.STREAMING
             if relay.first_byte_at is not None:
                 rec.ttft_ms = (relay.first_byte_at - rec.started_at) * 1000
-            if relay.usage.known:
-                rec.prompt_tokens = relay.usage.prompt_tokens
-                rec.completion_tokens = relay.usage.completion_tokens
+            if relay.status == 200:  # the backend took the request and began to answer
+                self.count_tokens(parsed, relay.usage)
+
+    def count_tokens(self, parsed: ParsedRequest, usage: Usage) -> None:
+        """The backend's usage, or the gateway's estimate (marked) when it gave none."""
+        rec = self.rec
+        if usage.known:
+            rec.prompt_tokens = usage.prompt_tokens
+            rec.completion_tokens = usage.completion_tokens
+            return
+        rec.tokens_estimated = True
+        text = request_text(parsed.body)
+        rec.prompt_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
+        rec.completion_tokens = usage.seen_events if parsed.stream else usage.completion_tokens
 
     def headers(self) -> dict[str, str]:
         rec = self.rec
@@ -347,6 +397,9 @@ class Exchange:
             out["x-slotgate-route-reason"] = rec.reason or ""
             if rec.phase is not Phase.QUEUED:
                 out["x-slotgate-queue-wait-ms"] = f"{rec.queue_wait_ms:.0f}"
+        if rec.arm is not None and rec.experiment is not None:
+            out["x-slotgate-experiment"] = rec.experiment
+            out["x-slotgate-arm"] = rec.arm
         return out
 
     def retry_after(self, pools: Sequence[SlotPool]) -> int:

@@ -13,10 +13,14 @@ from aiohttp import web
 
 from classifier.model import IntentClassifier
 from policies.config import Config
+from policies.experiments import Experiment
 from policies.handover import MoveOffers
+from policies.pricing import SlotTimeModel
 from policies.slots import LocalSlotPool
+from router.ledger import Ledger
 from router.metrics import Metrics
 from router.proxy import Upstream
+from router.usage import ledger_row
 
 if TYPE_CHECKING:
     from router.dispatch import RequestRecord
@@ -34,14 +38,22 @@ class Gateway:
     offers: dict[str, MoveOffers] = field(default_factory=dict)  # per fallback pool
     classifier: IntentClassifier | None = None  # loaded when a route steers by intent
     recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=RECENT_RECORDS))
+    experiments: dict[str, Experiment] = field(default_factory=dict)  # by the route they split
+    ledger: Ledger | None = None
+    slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
     ready: bool = False
 
     metrics: Metrics = field(default_factory=Metrics)
 
     def record(self, rec: RequestRecord) -> None:
         self.recent.append(rec)
-        route = self.config.routes.get(rec.route) if rec.route else None
-        self.metrics.record(rec, route.primary if route else None)
+        self.metrics.record(rec, rec.primary)
+        if rec.backend is not None and rec.status == 200 and not rec.tokens_estimated:
+            model = self.slot_time.get(rec.backend)
+            if model is not None:
+                model.observe(rec.completion_tokens or 0, rec.slot_ms / 1000)
+        if self.ledger is not None:
+            self.ledger.add(ledger_row(rec, self.config, self.slot_time))
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -19,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from policies.config import BackendConfig
+from policies.fallback import estimate_tokens
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, Usage
 
@@ -220,12 +221,26 @@ async def _read_bounded(
 
 
 def _usage_from_body(raw: bytes, usage: Usage) -> None:
+    """The backend's usage; failing that, an estimate from the answer's text (not `known`)."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return
-    if isinstance(obj, dict):
-        usage.update(obj.get("usage"))
+    if not isinstance(obj, dict):
+        return
+    usage.update(obj.get("usage"))
+    if usage.known or not isinstance(obj.get("choices"), list):
+        return
+    text = "".join(_answer_text(choice) for choice in obj["choices"])
+    usage.completion_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
+
+
+def _answer_text(choice: object) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    message = choice.get("message")
+    content = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return content if isinstance(content, str) else ""
 
 
 async def _upstream_error(up: aiohttp.ClientResponse, name: str) -> ApiError:

@@ -24,7 +24,10 @@ class EventTooLarge(Exception):
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    known: bool = False
+    known: bool = False  # the backend reported it
+    # What the gateway saw itself, for when the backend reports nothing (a stream cut
+    # short, an engine without usage): one per streamed data event, whatever it held.
+    seen_events: int = 0
 
     def update(self, usage: object) -> None:
         if isinstance(usage, dict):
@@ -64,6 +67,10 @@ class EventRelay:
         whole, self._pending = data[:end], data[end:]
         if len(self._pending) > MAX_EVENT_BYTES:
             raise EventTooLarge
+        # Events start at `whole`'s first byte or after a blank line; JSON escapes newlines,
+        # so a token's text cannot fake one.
+        self.usage.seen_events += (whole.count(b"\n\ndata:") + whole.startswith(b"data:")
+                                   - whole.count(b"data: [DONE]"))
         if _USAGE.search(whole) is None:
             return whole
         return b"".join(self._inspect(event) for event in _events(whole))

@@ -1,0 +1,51 @@
+"""A finished request's ledger row: its tokens, what it cost and what it would have cost
+on its route's primary.
+
+The counterfactual is exact when the primary served the request. Otherwise it prices
+the same tokens at the primary's token prices, or, for a GPU-time-priced primary, the
+slot time the primary has recently taken for an answer of that length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from policies.config import Config
+from policies.pricing import SlotTimeModel, request_cost
+from router.ledger import LedgerRow
+
+if TYPE_CHECKING:
+    from router.dispatch import RequestRecord
+
+CLIENT_CLOSED = 499  # the status a ledger row gets when the client left before the answer
+
+
+def ledger_row(rec: RequestRecord, config: Config,
+               slot_time: Mapping[str, SlotTimeModel]) -> LedgerRow:
+    prompt = rec.prompt_tokens or 0
+    completion = rec.completion_tokens or 0
+    cost = counterfactual = 0.0
+    if rec.backend is not None and rec.slot_at is not None:  # it held a slot
+        backend = config.backends[rec.backend]
+        cost = request_cost(backend.price, backend.slots, prompt, completion, rec.slot_ms / 1000)
+        if rec.primary == rec.backend:
+            counterfactual = cost
+        elif rec.primary is not None:
+            primary = config.backends[rec.primary]
+            model = slot_time.get(rec.primary)
+            slot_s = model.predict(completion) if model else primary.initial_hold_s
+            counterfactual = request_cost(primary.price, primary.slots, prompt, completion,
+                                          slot_s)
+    status = rec.status or (CLIENT_CLOSED if rec.disconnect is not None else 0)
+    return LedgerRow(
+        id=rec.row_id, ts=rec.ts, request_id=rec.request_id, endpoint=rec.endpoint,
+        route=rec.route, primary=rec.primary, experiment=rec.experiment, arm=rec.arm,
+        tenant=rec.tenant, backend=rec.backend, reason=rec.reason, intent=rec.intent,
+        p_simple=rec.p_simple, stream=rec.stream, status=status, error=rec.error,
+        disconnect=rec.disconnect.value if rec.disconnect is not None else None,
+        queue_wait_ms=float(rec.queue_wait_ms), ttft_ms=rec.ttft_ms,
+        total_ms=float(rec.total_ms), slot_ms=float(rec.slot_ms), prompt_tokens=prompt,
+        completion_tokens=completion, tokens_estimated=rec.tokens_estimated,
+        cost=cost, counterfactual_cost=counterfactual,
+    )
