@@ -27,7 +27,7 @@ class LedgerRow:
     id: str  # made by the gateway, unique per request: the idempotency key
     ts: float  # when the request arrived
     request_id: str  # the x-request-id the client saw (its own, when it sent one)
-    endpoint: str  # chat | completions
+    endpoint: str  # the path: /v1/chat/completions or /v1/completions
     route: str | None  # the model name the client asked for
     primary: str | None  # that route's primary backend
     experiment: str | None

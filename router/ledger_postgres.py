@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from router.ledger import COLUMNS, LedgerRow, RowFilter, row_values
-from router.ledger_store import MIGRATIONS, where_clause
+from router.ledger_store import COLUMN_LIST, MIGRATIONS, where_clause
 
 _LOCK_KEY = 0x5106_6A7E  # the advisory lock that serialises migrations
 _CONNECT_TIMEOUT_S = 5.0
@@ -51,13 +51,13 @@ class PostgresStore:
         marks = ", ".join(f"${i}" for i in range(1, len(COLUMNS) + 1))
         async with self._pool.acquire() as db, db.transaction():
             await db.executemany(
-                f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({marks}) "
+                f"INSERT INTO requests ({COLUMN_LIST}) VALUES ({marks}) "
                 "ON CONFLICT (id) DO NOTHING", [row_values(row) for row in rows])
 
     async def fetch(self, where: RowFilter) -> list[LedgerRow]:
         clause, args = where_clause(where, lambda i: f"${i}")
         records = await self._pool.fetch(
-            f"SELECT {', '.join(COLUMNS)} FROM requests{clause} ORDER BY ts, id", *args)
+            f"SELECT {COLUMN_LIST} FROM requests{clause} ORDER BY ts, id", *args)
         return [LedgerRow(*record.values()) for record in records]
 
     async def purge(self, before_ts: float) -> int:

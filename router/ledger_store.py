@@ -32,7 +32,8 @@ _TYPES = {
     "cost": "DOUBLE PRECISION NOT NULL", "counterfactual_cost": "DOUBLE PRECISION NOT NULL",
 }
 _CREATE = "CREATE TABLE requests (\n  " + ",\n  ".join(
-    f"{name} {_TYPES.get(name, 'TEXT')}" for name in COLUMNS) + "\n)"
+    f'"{name}" {_TYPES.get(name, "TEXT")}' for name in COLUMNS) + "\n)"
+COLUMN_LIST = ", ".join(f'"{name}"' for name in COLUMNS)  # quoted: "primary" is a keyword
 
 # Each step runs once, in order, in one transaction with its version record.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -74,8 +75,9 @@ def open_store(target: str) -> Store:
 
 
 class SQLiteStore:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
         self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
         self.name = f"sqlite:{path}"
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite")
         self._db: sqlite3.Connection | None = None
@@ -91,7 +93,7 @@ class SQLiteStore:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
-        db.execute("PRAGMA busy_timeout=5000")
+        db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         db.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
                    "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
         db.execute("BEGIN IMMEDIATE")  # one gateway migrates; the others wait, then see it done
@@ -121,7 +123,7 @@ class SQLiteStore:
         with self._db:  # one transaction per batch
             self._db.execute("BEGIN")
             self._db.executemany(
-                f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({marks}) "
+                f"INSERT INTO requests ({COLUMN_LIST}) VALUES ({marks}) "
                 "ON CONFLICT (id) DO NOTHING", values)
 
     async def fetch(self, where: RowFilter) -> list[LedgerRow]:
@@ -131,7 +133,7 @@ class SQLiteStore:
         assert self._db is not None, "open() first"
         clause, args = where_clause(where, lambda _: "?")
         cursor = self._db.execute(
-            f"SELECT {', '.join(COLUMNS)} FROM requests{clause} ORDER BY ts, id", args)
+            f"SELECT {COLUMN_LIST} FROM requests{clause} ORDER BY ts, id", args)
         return [_row(values) for values in cursor]
 
     async def purge(self, before_ts: float) -> int:

@@ -131,3 +131,43 @@ async def serve_app(app: Any) -> tuple[Any, str]:
     await site.start()
     port = runner.addresses[0][1]
     return runner, f"http://127.0.0.1:{port}"
+
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "SLOTGATE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty database on the real PostgreSQL server, dropped afterwards.
+
+    The server is SLOTGATE_TEST_POSTGRES_URL (default: the local one, trust auth).
+    """
+    try:
+        import asyncpg
+    except ImportError:
+        pytest.skip("asyncpg is not installed (pip install -e '.[test]')")
+    try:
+        admin = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        reason = f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL} ({exc})"
+        if REQUIRE_ALL:
+            pytest.fail(reason + "; SLOTGATE_REQUIRE_ALL=1 forbids skipping")
+        pytest.skip(reason)
+    name = "slotgate_test_" + os.urandom(6).hex()
+    await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        base, _, _ = POSTGRES_ADMIN_URL.rpartition("/")
+        yield f"{base}/{name}"
+    finally:
+        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        await admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_target(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """Where a test's ledger goes: a SQLite file, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite3")
+    url: str = request.getfixturevalue("postgres_url")
+    return url

@@ -1,0 +1,127 @@
+"""The ledger stores (SQLite and the real PostgreSQL) and the batching writer."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from router.ledger import Ledger, LedgerRow, RowFilter
+from router.ledger_store import SCHEMA_VERSION, SQLiteStore, open_store
+
+
+def row(i: int, **fields: object) -> LedgerRow:
+    base: dict[str, object] = dict(
+        id=f"row-{i}", ts=1_700_000_000.0 + i, request_id=f"req-{i}", endpoint="chat",
+        route="chat", primary="big", experiment="ab", arm="on" if i % 2 else "off",
+        tenant="3f2a9c0d1e4b", backend="small" if i % 3 == 0 else "big", reason="primary",
+        intent="greeting", p_simple=0.93, stream=bool(i % 2), status=200, error=None,
+        disconnect=None, queue_wait_ms=12.5 * i, ttft_ms=80.25, total_ms=900.5,
+        slot_ms=850.0, prompt_tokens=10 + i, completion_tokens=100 + i,
+        tokens_estimated=False, cost=0.00125 * i, counterfactual_cost=0.0025 * i,
+    )
+    base.update(fields)
+    return LedgerRow(**base)  # type: ignore[arg-type]
+
+
+async def test_rows_round_trip(ledger_target: str) -> None:
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        rows = [row(i) for i in range(1, 6)]
+        rows.append(row(6, route=None, primary=None, experiment=None, arm=None, tenant=None,
+                        backend=None, reason=None, intent=None, p_simple=None, status=400,
+                        error="invalid_request_error", ttft_ms=None, tokens_estimated=True,
+                        disconnect="queued"))
+        await store.write(rows)
+        assert await store.fetch(RowFilter()) == rows
+    finally:
+        await store.close()
+
+
+async def test_writing_a_batch_twice_keeps_one_copy(ledger_target: str) -> None:
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        batch = [row(i) for i in range(1, 21)]
+        await store.write(batch)
+        await store.write(batch[5:] + [row(21)])  # a retry after a crash, plus one new row
+        got = await store.fetch(RowFilter())
+        assert [r.id for r in got] == [f"row-{i}" for i in range(1, 22)]
+    finally:
+        await store.close()
+
+
+async def test_filters_and_retention(ledger_target: str) -> None:
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        await store.write([row(i) for i in range(1, 11)]
+                          + [row(11, experiment="other", route="code")])
+        t0 = 1_700_000_000.0
+        window = await store.fetch(RowFilter(since=t0 + 3, until=t0 + 6))
+        assert [r.id for r in window] == ["row-3", "row-4", "row-5"]  # since <=, until <
+        assert [r.id for r in await store.fetch(RowFilter(experiment="other"))] == ["row-11"]
+        assert len(await store.fetch(RowFilter(route="chat"))) == 10
+        assert await store.purge(t0 + 8) == 7  # rows 1..7 are older than t0 + 8
+        assert [r.id for r in await store.fetch(RowFilter())] == ["row-8", "row-9", "row-10",
+                                                                  "row-11"]
+    finally:
+        await store.close()
+
+
+async def test_schema_is_created_once_and_reopened(ledger_target: str) -> None:
+    first, second = open_store(ledger_target), open_store(ledger_target)
+    await first.open()
+    await first.write([row(1)])
+    await second.open()  # a second gateway (or a restart) finds the schema in place
+    try:
+        assert [r.id for r in await second.fetch(RowFilter())] == ["row-1"]
+    finally:
+        await first.close()
+        await second.close()
+    if not ledger_target.startswith("postgres"):
+        with sqlite3.connect(ledger_target) as db:
+            versions = [v for (v,) in db.execute("SELECT version FROM schema_migrations")]
+            mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+        assert versions == [SCHEMA_VERSION] and mode == "wal"
+
+
+async def test_writer_batches_and_flushes_everything_on_close(ledger_target: str) -> None:
+    ledger = Ledger(open_store(ledger_target), batch_rows=7, flush_interval_s=60)
+    await ledger.start()
+    for i in range(1, 51):
+        ledger.add(row(i))
+    await ledger.close()  # long before the 60 s interval: close writes what is held
+    assert ledger.written == 50 and ledger.pending == 0
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        assert len(await store.fetch(RowFilter())) == 50
+    finally:
+        await store.close()
+
+
+async def test_writer_keeps_rows_while_the_database_is_locked(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.sqlite3")
+    ledger = Ledger(SQLiteStore(path, busy_timeout_ms=50), batch_rows=5, flush_interval_s=60)
+    await ledger.start()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    for i in range(1, 6):
+        ledger.add(row(i))
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        await ledger.flush()
+    assert ledger.pending == 5  # nothing lost
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    await ledger.close()
+    assert ledger.written == 5
+
+
+def test_pending_rows_are_bounded() -> None:
+    ledger = Ledger(SQLiteStore(":memory:"), batch_rows=1000, max_pending=3)
+    for i in range(1, 6):
+        ledger.add(row(i))
+    assert ledger.pending == 3 and ledger.dropped == 2
