@@ -94,6 +94,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         if gw.config.ledger.target is not None:
             gw.ledger = open_ledger(gw.config.ledger)
             await gw.ledger.start()
+            gw.metrics.watch_ledger(gw.ledger)
         gw.ready = True
         yield
     finally:

@@ -1,4 +1,4 @@
-"""The `slotgate` command: serve | demo | simulate | classifier | config check."""
+"""The `slotgate` command: serve | demo | simulate | loadtest | report | classifier | config."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="INFO")
     sub.add_parser("simulate", help="run a standalone simulated engine", add_help=False)
     sub.add_parser("demo", help="ten people, three slots", add_help=False)
+    sub.add_parser("loadtest", help="drive a mixed workload (A/B: fallback off vs on)",
+                   add_help=False)
+    sub.add_parser("report", help="cost and wait report from the ledger", add_help=False)
     sub.add_parser("classifier", help="train | eval the intent classifier", add_help=False)
     config = sub.add_parser("config", help="config tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
@@ -39,6 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         from router.demo import demo_main
 
         return demo_main(argv[1:])
+    if argv[:1] == ["loadtest"]:
+        from router.loadtest import loadtest_main
+
+        return loadtest_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from router.report_cli import report_main
+
+        return report_main(argv[1:])
     if argv[:1] == ["classifier"]:
         from classifier import classifier_main
 

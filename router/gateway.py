@@ -53,7 +53,10 @@ class Gateway:
             if model is not None:
                 model.observe(rec.completion_tokens or 0, rec.slot_ms / 1000)
         if self.ledger is not None:
-            self.ledger.add(ledger_row(rec, self.config, self.slot_time))
+            row = ledger_row(rec, self.config, self.slot_time)
+            self.ledger.add(row)
+            if row.cost and row.backend is not None:
+                self.metrics.add_cost(row.backend, self.config.currency, row.cost)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

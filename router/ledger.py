@@ -105,6 +105,7 @@ class Ledger:
         self.failures = 0
         self._pending: list[LedgerRow] = []
         self._wake = asyncio.Event()
+        self._writing = asyncio.Lock()  # one batch in flight: a batch is removed once written
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -128,11 +129,19 @@ class Ledger:
 
     async def flush(self) -> None:
         """Write everything added so far (raises if the store fails)."""
-        while self._pending:
-            batch = self._pending[: self.batch_rows]
-            await self.store.write(batch)
-            del self._pending[: len(batch)]
-            self.written += len(batch)
+        async with self._writing:
+            while self._pending:
+                batch = self._pending[: self.batch_rows]
+                await self.store.write(batch)
+                self._remove(batch)
+                self.written += len(batch)
+
+    def _remove(self, batch: list[LedgerRow]) -> None:
+        # Rows dropped for space while the batch was written are no longer at the front.
+        pending = self._pending
+        start = next((i for i, row in enumerate(pending) if row is batch[-1]), None)
+        if start is not None:
+            del pending[: start + 1]
 
     async def close(self) -> None:
         self._closing = True

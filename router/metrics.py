@@ -9,10 +9,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from policies.slots import LocalSlotPool
     from router.dispatch import RequestRecord
+    from router.ledger import Ledger
 
 # LLM latencies: from a quick first token to a two-minute answer.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
@@ -56,8 +61,22 @@ class Metrics:
                                    ["backend", "phase"], registry=r)
         self.tokens = Counter("slotgate_tokens", "Tokens in and out", ["backend", "direction"],
                               registry=r)
+        self.cost = Counter("slotgate_cost", "What answered requests cost, in the config's "
+                            "currency", ["backend", "currency"], registry=r)
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._per_backend: dict[str, tuple[Any, Any, Any]] = {}
+        self._cost: dict[str, Any] = {}
+
+    def add_cost(self, backend: str, currency: str, amount: float) -> None:
+        child = self._cost.get(backend)
+        if child is None:
+            child = self._cost[backend] = self.cost.labels(backend, currency)
+        child.inc(amount)
+
+    def watch_ledger(self, ledger: Ledger) -> None:
+        Gauge("slotgate_ledger_pending_rows", "Ledger rows not yet written",
+              registry=self.registry).set_function(lambda: ledger.pending)
+        self.registry.register(_LedgerCollector(ledger))
 
     def watch(self, pool: LocalSlotPool) -> None:
         self.capacity.labels(pool.name).set(pool.capacity)
@@ -104,3 +123,20 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _LedgerCollector(Collector):
+    """The ledger writer's own counts, read at scrape time."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        rows = CounterMetricFamily("slotgate_ledger_rows", "Ledger rows by what became of them",
+                                   labels=["result"])
+        rows.add_metric(["written"], self.ledger.written)
+        rows.add_metric(["dropped"], self.ledger.dropped)
+        yield rows
+        yield CounterMetricFamily("slotgate_ledger_write_failures",
+                                  "Failed ledger batch writes (retried)",
+                                  value=self.ledger.failures)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -12,9 +13,9 @@ from openai import AsyncOpenAI
 SLOTGATE = str(Path(sys.executable).parent / "slotgate")
 
 
-async def test_serve_embedded_config_answers_and_stops_on_sigterm() -> None:
+async def test_serve_embedded_config_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        SLOTGATE, "serve", "--port", "0",
+        SLOTGATE, "serve", "--port", "0", cwd=tmp_path,  # the ledger file goes there
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     try:
@@ -32,6 +33,9 @@ async def test_serve_embedded_config_answers_and_stops_on_sigterm() -> None:
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             assert await proc.wait() == 0
+        with sqlite3.connect(tmp_path / "slotgate-ledger.sqlite3") as db:  # flushed on SIGTERM
+            rows = db.execute("SELECT route, status, completion_tokens FROM requests").fetchall()
+        assert rows == [("llama-8b", 200, 3)]
     finally:
         if proc.returncode is None:
             proc.kill()

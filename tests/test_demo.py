@@ -76,11 +76,11 @@ async def test_demo_main_prints_the_summary(start: StartGateway) -> None:
     await assert_idle(gw)
 
 
-def test_the_real_command_on_the_embedded_config() -> None:
+def test_the_real_command_on_the_embedded_config(tmp_path: Path) -> None:
     slotgate = str(Path(sys.executable).parent / "slotgate")
     done = subprocess.run(
         [slotgate, "demo", "--no-live", "--requests", "4", "--max-tokens", "5"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     assert "4 streaming requests to llama-70b: 4 done" in done.stdout

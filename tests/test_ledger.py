@@ -46,7 +46,7 @@ async def test_writing_a_batch_twice_keeps_one_copy(ledger_target: str) -> None:
     try:
         batch = [row(i) for i in range(1, 21)]
         await store.write(batch)
-        await store.write(batch[5:] + [row(21)])  # a retry after a crash, plus one new row
+        await store.write([*batch[5:], row(21)])  # a retry after a crash, plus one new row
         got = await store.fetch(RowFilter())
         assert [r.id for r in got] == [f"row-{i}" for i in range(1, 22)]
     finally:

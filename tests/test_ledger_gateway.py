@@ -14,8 +14,15 @@ import pytest
 from router.app import RunningGateway
 from router.ledger import LedgerRow, RowFilter
 from router.ledger_store import open_store
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sdk, sim_backend, \
-    wait_pools
+from tests.conftest import (
+    StartGateway,
+    assert_idle,
+    engine,
+    gateway_config,
+    sdk,
+    sim_backend,
+    wait_pools,
+)
 
 MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 GPU = {"gpu_hour": 3.6, "gpus": 1}  # one slot: $0.001 per slot-second
