@@ -21,7 +21,7 @@ from policies.experiments import build_experiments
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
 from policies.slots import LocalSlotPool
-from router import dispatch, pages
+from router import admin, dispatch, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError
@@ -51,6 +51,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     pages.setup(app)
+    admin.setup(app)
     return app
 
 

@@ -1,0 +1,59 @@
+"""Operator endpoints under /admin. `GET /admin/report` is `slotgate report --json`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+
+from router.gateway import GATEWAY
+from router.ledger import RowFilter
+from router.openai_api import ApiError
+
+_MAX_TEXT = 256
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/admin/report", report)
+
+
+async def report(request: web.Request) -> web.Response:
+    """The cost report over the ledger, filtered by ?since=&until=&experiment=&route=,
+    compared against ?baseline= (an arm). Rows still buffered are written first."""
+    try:
+        return await _report(request)
+    except ApiError as err:
+        return err.response()
+
+
+async def _report(request: web.Request) -> web.Response:
+    from router.report import build_report, parse_when  # numpy: only when asked
+
+    gw = request.app[GATEWAY]
+    if gw.ledger is None:
+        raise ApiError(404, "No ledger is configured (ledger.path or ledger.url).",
+                       code="ledger_off")
+    query = request.query
+    for key, value in query.items():
+        if len(value) > _MAX_TEXT:
+            raise ApiError(400, f"'{key}' is longer than {_MAX_TEXT} characters.", param=key)
+    now = time.time()
+    try:
+        where = RowFilter(
+            since=parse_when(query["since"], now) if "since" in query else None,
+            until=parse_when(query["until"], now) if "until" in query else None,
+            experiment=query.get("experiment"), route=query.get("route"))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), code="invalid_time") from None
+    await gw.ledger.flush()
+    rows = await gw.ledger.store.fetch(where)
+    if not rows:
+        raise ApiError(404, "The ledger has no rows for this filter.", code="no_rows")
+    try:
+        body = await asyncio.to_thread(  # the bootstrap is CPU work: off the event loop
+            build_report, rows, currency=gw.config.currency, baseline=query.get("baseline"))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="baseline") from None
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
