@@ -1,0 +1,152 @@
+"""What the ledger costs a request on the event loop, and how fast its stores write.
+
+    .venv/bin/python bench/ledger_cost.py [--rounds N] [--postgres URL]
+
+1. Per request, on the loop: `Gateway.record` (metrics, recent list) with the ledger off
+   against the same with the ledger on (building the row, pricing it, appending it),
+   interleaved A B A B over rounds. The writes themselves happen in batches elsewhere.
+2. Store throughput: rows/s written in batches of 500 to SQLite (a file in a temp
+   folder) and, when reachable, PostgreSQL (a fresh database), against the rate of
+   building the same rows (the floor of any store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from report import machine  # noqa: E402
+
+from router.config import config_from_dict  # noqa: E402
+from router.dispatch import RequestRecord  # noqa: E402
+from router.gateway import Gateway  # noqa: E402
+from router.ledger import Ledger, LedgerRow  # noqa: E402
+from router.ledger_store import open_store  # noqa: E402
+from router.usage import ledger_row  # noqa: E402
+
+PER_ROUND = 20_000
+
+
+def config(ledger: str | None) -> dict[str, Any]:
+    sim = {"max_num_seqs": 3}
+    raw: dict[str, Any] = {
+        "backends": {
+            "big": {"simulated": sim, "model": "m", "slots": 3,
+                    "price": {"gpu_hour": 2.5, "gpus": 4}},
+            "small": {"simulated": sim, "model": "s", "slots": 8,
+                      "price": {"input_per_mtok": 0.18, "output_per_mtok": 0.18}},
+        },
+        "routes": {"chat": {"primary": "big", "fallbacks": ["small"]}},
+    }
+    if ledger is not None:
+        raw["ledger"] = {"path": ledger}
+    return raw
+
+
+def records(n: int) -> list[RequestRecord]:
+    out = []
+    for i in range(n):
+        rec = RequestRecord(f"req-{i}", "/v1/chat/completions", time.perf_counter(),
+                            time.time(), os.urandom(12).hex(), route="chat", primary="big",
+                            backend="big" if i % 3 else "small", reason="primary",
+                            status=200, slot_at=1.0, slot_ms=850.0 + i % 100,
+                            ttft_ms=120.0, prompt_tokens=40, completion_tokens=120 + i % 50)
+        out.append(rec)
+    return out
+
+
+def time_record(gw: Gateway, recs: list[RequestRecord]) -> float:
+    began = time.perf_counter()
+    for rec in recs:
+        gw.record(rec)
+    return (time.perf_counter() - began) / len(recs) * 1e6
+
+
+async def per_request(rounds: int, folder: str) -> dict[str, Any]:
+    plain = Gateway(config_from_dict(config(None)))
+    on = Gateway(config_from_dict(config(str(Path(folder) / "unused.sqlite3"))))
+    for gw in (plain, on):
+        from policies.pricing import SlotTimeModel
+
+        gw.slot_time = {name: SlotTimeModel(10.0) for name in gw.config.backends}
+    off_us, on_us = [], []
+    for _ in range(rounds):
+        off_us.append(time_record(plain, records(PER_ROUND)))
+        # rows beyond one batch are dropped: memory stays as flat as under a live writer
+        on.ledger = Ledger(open_store(":memory:"), max_pending=500)
+        on_us.append(time_record(on, records(PER_ROUND)))
+    off, with_ledger = statistics.median(off_us), statistics.median(on_us)
+    return {"record_ledger_off_us": off, "record_ledger_on_us": with_ledger,
+            "added_us": with_ledger - off, "ratio": with_ledger / off}
+
+
+async def store_rate(target: str, rows: list[LedgerRow]) -> float:
+    store = open_store(target)
+    await store.open()
+    try:
+        began = time.perf_counter()
+        for i in range(0, len(rows), 500):
+            await store.write(rows[i:i + 500])
+        return len(rows) / (time.perf_counter() - began)
+    finally:
+        await store.close()
+
+
+async def stores(folder: str, postgres: str | None) -> dict[str, Any]:
+    gw = Gateway(config_from_dict(config(None)))
+    began = time.perf_counter()
+    rows = [ledger_row(rec, gw.config, {}) for rec in records(50_000)]
+    build = len(rows) / (time.perf_counter() - began)
+    out: dict[str, Any] = {"build_rows_per_s": build,
+                           "sqlite_rows_per_s": await store_rate(
+                               str(Path(folder) / "bench.sqlite3"), rows)}
+    if postgres:
+        import asyncpg
+
+        admin = await asyncpg.connect(postgres)
+        name = "slotgate_bench_" + os.urandom(4).hex()
+        await admin.execute(f"CREATE DATABASE {name}")
+        try:
+            out["postgres_rows_per_s"] = await store_rate(
+                postgres.rpartition("/")[0] + "/" + name, rows)
+        finally:
+            await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+            await admin.close()
+    return out
+
+
+async def main(rounds: int, postgres: str | None) -> None:
+    print(machine())
+    with tempfile.TemporaryDirectory() as folder:
+        req = await per_request(rounds, folder)
+        print(f"Gateway.record per request (median of {rounds} rounds x {PER_ROUND}):")
+        print(f"  ledger off {req['record_ledger_off_us']:.2f} us   "
+              f"ledger on {req['record_ledger_on_us']:.2f} us   "
+              f"added {req['added_us']:.2f} us (x{req['ratio']:.2f})")
+        rates = await stores(folder, postgres)
+    print("Store writes, batches of 500 (50,000 rows):")
+    build = rates["build_rows_per_s"]
+    print(f"  building rows      {build:>10,.0f} rows/s (x1.00, the floor)")
+    for key, label in (("sqlite_rows_per_s", "SQLite (WAL)"),
+                       ("postgres_rows_per_s", "PostgreSQL")):
+        if key in rates:
+            print(f"  {label:<18} {rates[key]:>10,.0f} rows/s (x{rates[key] / build:.2f})")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres",
+                        help="admin DSN; '' skips PostgreSQL")
+    args = parser.parse_args()
+    asyncio.run(main(args.rounds, args.postgres or None))
