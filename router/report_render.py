@@ -1,0 +1,396 @@
+"""The cost report (`router.report.build_report`) as text, CSV, JSON or one HTML page.
+
+The HTML page is self-contained: inline CSS, charts drawn here as inline SVG, no script and
+no URL of any kind (its Content-Security-Policy forbids loading anything), so it opens
+offline and can be mailed as one file. Every string from the ledger is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from html import escape
+from math import log10
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str  # a key of `router.report.group_stats`
+    label: str
+    kind: str  # count | share (a fraction) | pct (already in %) | money | unit_money | ms
+
+
+SECTIONS: dict[str, tuple[Column, ...]] = {
+    "Traffic": (
+        Column("requests", "requests", "count"), Column("served", "served", "count"),
+        Column("fallback_share", "fallback", "share"), Column("rate_429", "429", "share"),
+        Column("timeout_rate", "timeout", "share"), Column("error_rate", "error", "share"),
+        Column("disconnect_rate", "discon.", "share"),
+        Column("estimated_share", "est. tok", "share"),
+    ),
+    "Cost": (
+        Column("cost", "cost", "money"), Column("cost_per_request", "per request", "unit_money"),
+        Column("cost_per_1k", "per 1k req", "money"),
+        Column("counterfactual_cost", "all-primary", "money"),
+        Column("saving", "saving", "money"), Column("saving_pct", "saving %", "pct"),
+    ),
+    "Tokens and latency (ms)": (
+        Column("prompt_tokens", "prompt tok", "count"),
+        Column("completion_tokens", "compl. tok", "count"),
+        Column("queue_wait_p50_ms", "wait p50", "ms"),
+        Column("queue_wait_p95_ms", "wait p95", "ms"),
+        Column("ttft_p50_ms", "TTFT p50", "ms"), Column("ttft_p95_ms", "TTFT p95", "ms"),
+    ),
+}
+CSV_KEYS: tuple[str, ...] = (
+    "requests", "served", "fallback", "fallback_share", "status_429", "rate_429", "timeouts",
+    "timeout_rate", "errors", "error_rate", "disconnects", "disconnect_rate", "prompt_tokens",
+    "completion_tokens", "estimated_share", "cost", "cost_per_request", "cost_per_1k",
+    "counterfactual_cost", "saving", "saving_pct", "queue_wait_n", "queue_wait_p50_ms",
+    "queue_wait_p95_ms", "ttft_n", "ttft_p50_ms", "ttft_p95_ms",
+)
+PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04")
+COST_COLOR, COUNTERFACTUAL_COLOR = "#0f766e", "#9ca3af"
+LABEL_WIDTH = 22
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def fmt(value: Any, kind: str) -> str:
+    """One figure for people: "-" when undefined."""
+    if value is None:
+        return "-"
+    formats: dict[str, Callable[[Any], str]] = {
+        "count": lambda v: f"{v:,}", "share": lambda v: f"{100 * v:.1f}%",
+        "pct": lambda v: f"{v:.1f}%", "money": lambda v: f"{v:,.4f}",
+        "unit_money": lambda v: f"{v:,.6f}", "ms": lambda v: f"{v:,.1f}",
+    }
+    return formats[kind](value)
+
+
+def groups(report: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(scope, arm, backend, figures) for the total, each arm and each backend within it."""
+    out = [("total", "", "", report["total"])]
+    for arm in report["arms"]:
+        out.append(("arm", arm["arm"], "", arm))
+        out.extend(("backend", arm["arm"], b["backend"], b) for b in arm["backends"])
+    return out
+
+
+def render_json(report: dict[str, Any]) -> str:
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def render_csv(report: dict[str, Any]) -> str:
+    """One line per group (total, arms, backends within arms) under a header row."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(("scope", "arm", "backend", *CSV_KEYS))
+    for scope, arm, backend, figures in groups(report):
+        writer.writerow((scope, arm, backend,
+                         *("" if figures[k] is None else figures[k] for k in CSV_KEYS)))
+    return buffer.getvalue()
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """Fixed-width tables, at most 100 columns wide."""
+    lines = _text_header(report)
+    for title, columns in SECTIONS.items():
+        lines += ["", title, _text_row("", [c.label for c in columns])]
+        for scope, arm, backend, figures in groups(report):
+            label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
+            lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
+    lines += _text_comparisons(report) + _text_timeseries(report)
+    return "\n".join(lines) + "\n"
+
+
+def _text_header(report: dict[str, Any]) -> list[str]:
+    h = report["header"]
+    return [
+        f"slotgate cost report: {h['rows']:,} requests from {h['first']} to {h['last']}",
+        f"currency {h['currency']}; experiments: {', '.join(h['experiments']) or '-'}; "
+        f"routes: {', '.join(h['routes']) or '-'}",
+        f"arms: {', '.join(h['arms'])} (baseline {h['baseline']}); backend rows indented",
+        *([f"selected: {selected}"] if (selected := selection(report)) else []),
+    ]
+
+
+def selection(report: dict[str, Any]) -> str:
+    """The rows the command selected ("" for all), from the "filter" it adds to a report."""
+    chosen = report.get("filter") or {}
+    parts = [f"{key} {_stamp(chosen[key]) if key in ('since', 'until') else chosen[key]}"
+             for key in ("since", "until", "experiment", "route") if chosen.get(key) is not None]
+    return ", ".join(parts)
+
+
+def _stamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def _clip(label: str) -> str:
+    return label if len(label) <= LABEL_WIDTH else label[: LABEL_WIDTH - 1] + "…"
+
+
+def _text_row(label: str, cells: Sequence[str]) -> str:
+    label = _clip(label)
+    width = 9 if len(cells) > 6 else 12
+    return (f"{label:<{LABEL_WIDTH}}" + "".join(f"{c:>{width}}" for c in cells)).rstrip()
+
+
+def _text_comparisons(report: dict[str, Any]) -> list[str]:
+    h = report["header"]
+    if not report["comparisons"]:
+        return []
+    lines = ["", f"Each arm minus the baseline {h['baseline']} ({100 * h['ci_level']:.0f}% "
+                 f"bootstrap CI, {h['resamples']:,} resamples, seed {h['seed']})"]
+    for c in report["comparisons"]:
+        cost, wait, saving = c["cost_per_request"], c["queue_wait_p95_ms"], c["saving_pct"]
+        lines += [
+            f"{_clip(c['arm'])} ({c['requests']:,} requests) vs {_clip(c['baseline'])} "
+            f"({c['baseline_requests']:,})",
+            _text_diff("  cost per request", cost, "unit_money"),
+            f"  {'saving':<18}{fmt(saving['value'], 'pct'):>30}  {_ci(saving['ci'], 'pct')}",
+            _text_diff("  queue wait p95 ms", wait, "ms"),
+        ]
+    return lines
+
+
+def _text_diff(label: str, figure: dict[str, Any], kind: str) -> str:
+    pair = f"{fmt(figure['arm'], kind)} vs {fmt(figure['baseline'], kind)}"
+    diff = figure["diff"]
+    sign = "+" if diff is not None and diff >= 0 else ""
+    return f"{label:<20}{pair:>28}  diff {sign}{fmt(diff, kind)}  {_ci(figure['ci'], kind)}"
+
+
+def _ci(ci: list[float] | None, kind: str) -> str:
+    return "CI -" if ci is None else f"CI [{fmt(ci[0], kind)}, {fmt(ci[1], kind)}]"
+
+
+def _text_timeseries(report: dict[str, Any]) -> list[str]:
+    ts = report["timeseries"]
+    lines = ["", f"Share served by fallback over time ({len(ts['starts'])} buckets of "
+                 f"{ts['bucket_s']:,.0f} s; '·' nothing served)"]
+    for arm in ts["arms"]:
+        spark = "".join("·" if s is None else SPARK[round(s * (len(SPARK) - 1))]
+                        for s in arm["fallback_share"])
+        requests = sum(arm["requests"])
+        lines.append(f"{_clip(arm['arm']):<{LABEL_WIDTH + 1}}{spark}  ({requests:,} requests)")
+    return lines
+
+
+# ---- HTML -----------------------------------------------------------------------------
+
+W, H = 680, 280
+LEFT, RIGHT, TOP, BOTTOM = 76, 20, 16, 46
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1040px;color:#1f2937}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}
+table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
+th,td{padding:3px 9px;border-bottom:1px solid #e5e7eb;text-align:right;white-space:nowrap}
+th:first-child,td:first-child{text-align:left}tr.arm td{font-weight:600}
+tr.backend td:first-child{padding-left:24px}.scroll{overflow-x:auto}
+svg.chart{display:block;background:#fafafa;border:1px solid #e5e7eb}
+svg text{font-size:11px;fill:#4b5563}.legend span{margin-right:14px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px}
+"""
+
+
+def render_html(report: dict[str, Any]) -> str:
+    h = report["header"]
+    title = f"slotgate cost report: {h['first']} to {h['last']}"
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta http-equiv='Content-Security-Policy' "
+        "content=\"default-src 'none'; style-src 'unsafe-inline'\">",
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        _html_header(report),
+        "<h2>Cost per arm</h2>", _cost_chart(report),
+        "<h2>Queue wait per arm</h2>", _wait_chart(report),
+        "<h2>Share served by fallback over time</h2>", _share_chart(report),
+    ]
+    for name, columns in SECTIONS.items():
+        parts += [f"<h2>{escape(name)}</h2>", _html_groups(report, columns)]
+    parts += [_html_comparisons(report), "</body></html>\n"]
+    return "\n".join(parts)
+
+
+def _html_header(report: dict[str, Any]) -> str:
+    h = report["header"]
+    items = {
+        "requests": f"{h['rows']:,}", "currency": h["currency"],
+        "experiments": ", ".join(h["experiments"]) or "-", "routes": ", ".join(h["routes"]) or "-",
+        "arms": ", ".join(h["arms"]), "baseline": h["baseline"],
+        "quantiles": f"numpy {h['quantile_method']}", "selected": selection(report) or "all",
+    }
+    return "<p>" + "; ".join(f"<b>{k}</b> {escape(v)}" for k, v in items.items()) + "</p>"
+
+
+def _html_groups(report: dict[str, Any], columns: Sequence[Column]) -> str:
+    head = "".join(f"<th>{escape(c.label)}</th>" for c in columns)
+    rows = [f"<tr><th>group</th>{head}</tr>"]
+    for scope, arm, backend, figures in groups(report):
+        label = {"total": "all arms", "arm": arm, "backend": backend}[scope]
+        cells = "".join(f"<td>{escape(fmt(figures[c.key], c.kind))}</td>" for c in columns)
+        rows.append(f"<tr class='{scope}'><td>{escape(label)}</td>{cells}</tr>")
+    return "<div class='scroll'><table>" + "".join(rows) + "</table></div>"
+
+
+def _html_comparisons(report: dict[str, Any]) -> str:
+    h = report["header"]
+    rows = ["<tr><th>arm</th><th>cost per request</th><th>diff</th><th>CI</th>"
+            "<th>saving</th><th>CI</th><th>wait p95 ms</th><th>diff</th><th>CI</th></tr>"]
+    for c in report["comparisons"]:
+        cost, wait, saving = c["cost_per_request"], c["queue_wait_p95_ms"], c["saving_pct"]
+        cells = (c["arm"], fmt(cost["arm"], "unit_money"), fmt(cost["diff"], "unit_money"),
+                 _ci(cost["ci"], "unit_money"), fmt(saving["value"], "pct"),
+                 _ci(saving["ci"], "pct"), fmt(wait["arm"], "ms"), fmt(wait["diff"], "ms"),
+                 _ci(wait["ci"], "ms"))
+        rows.append("<tr>" + "".join(f"<td>{escape(x)}</td>" for x in cells) + "</tr>")
+    caption = (f"Each arm minus the baseline {h['baseline']}: {100 * h['ci_level']:.0f}% "
+               f"percentile bootstrap, {h['resamples']:,} resamples, seed {h['seed']}")
+    return (f"<h2>Comparison</h2><p>{escape(caption)}</p><div class='scroll'><table>"
+            + "".join(rows) + "</table></div>")
+
+
+def _svg(title: str, body: list[str], legend: Sequence[tuple[str, str]]) -> str:
+    keys = "".join(f"<span><i style='background:{color}'></i>{escape(name)}</span>"
+                   for name, color in legend)
+    return (f"<svg class='chart' role='img' aria-label='{escape(title)}' width='{W}' "
+            f"height='{H}' viewBox='0 0 {W} {H}'><title>{escape(title)}</title>"
+            + "".join(body) + f"</svg><p class='legend'>{keys}</p>")
+
+
+def _scale(lo: float, hi: float, start: float, end: float) -> Callable[[float], float]:
+    span = (hi - lo) or 1.0
+    return lambda v: start + (v - lo) / span * (end - start)
+
+
+def _nice_top(value: float) -> float:
+    """The smallest 1, 2 or 5 times a power of ten at or above `value` (1 for nothing)."""
+    if value <= 0:
+        return 1.0
+    step = 10.0 ** int(f"{value:e}".split("e")[1])
+    return next(m * step for m in (1, 2, 5, 10) if m * step >= value)
+
+
+def _y_axis(y: Callable[[float], float], ticks: Sequence[tuple[float, str]]) -> list[str]:
+    out = []
+    for value, label in ticks:
+        py = y(value)
+        out.append(f"<line x1='{LEFT}' x2='{W - RIGHT}' y1='{py:.1f}' y2='{py:.1f}' "
+                   f"stroke='#e5e7eb'/><text x='{LEFT - 6}' y='{py + 4:.1f}' "
+                   f"text-anchor='end'>{escape(label)}</text>")
+    return out
+
+
+def _x_label(x: float, label: str, anchor: str = "middle") -> str:
+    return (f"<text x='{x:.1f}' y='{H - BOTTOM + 16}' text-anchor='{anchor}'>"
+            f"{escape(label)}</text>")
+
+
+def _cost_chart(report: dict[str, Any]) -> str:
+    arms, currency = report["arms"], report["header"]["currency"]
+    top = _nice_top(max(max(a["cost"], a["counterfactual_cost"]) for a in arms))
+    y = _scale(0, top, H - BOTTOM, TOP)
+    body = _y_axis(y, [(top * i / 4, f"{top * i / 4:,.4g}") for i in range(5)])
+    slot = (W - LEFT - RIGHT) / len(arms)
+    bar = min(56.0, slot * 0.32)
+    for i, arm in enumerate(arms):
+        middle = LEFT + slot * (i + 0.5)
+        for offset, key, color in ((-bar - 2, "cost", COST_COLOR),
+                                   (2, "counterfactual_cost", COUNTERFACTUAL_COLOR)):
+            value = arm[key]
+            tip = f"{arm['arm']}: {key.replace('_', ' ')} {value:,.4f} {currency}"
+            left = middle + offset
+            body.append(f"<rect class='mark bar' x='{left:.1f}' y='{y(value):.1f}' "
+                        f"width='{bar:.1f}' height='{y(0) - y(value):.1f}' fill='{color}'>"
+                        f"<title>{escape(tip)}</title></rect><text x='{left + bar / 2:.1f}' "
+                        f"y='{y(value) - 4:.1f}' text-anchor='middle'>{value:,.4g}</text>")
+        body.append(_x_label(middle, arm["arm"]))
+    legend = [("cost", COST_COLOR), ("all on the primary (counterfactual)", COUNTERFACTUAL_COLOR)]
+    return _svg(f"Total cost per arm and its all-primary counterfactual ({currency})", body,
+                legend)
+
+
+def _wait_chart(report: dict[str, Any]) -> str:
+    """The distribution of queue waits per arm as a CDF, x on a log(1 + ms) scale."""
+    arms = [a for a in report["arms"] if a["queue_wait_percentiles_ms"]]
+    longest = max((a["queue_wait_percentiles_ms"][-1] for a in arms), default=0.0)
+    top = _nice_top(max(longest, 1.0))
+    log_x = _scale(0, _log1p10(top), LEFT, W - RIGHT)
+
+    def x(ms: float) -> float:
+        return log_x(_log1p10(ms))
+
+    y = _scale(0, 1, H - BOTTOM, TOP)
+    body = _y_axis(y, [(q / 4, f"{25 * q}%") for q in range(5)])
+    ticks = [0.0] + [10.0 ** k for k in range(6) if 10.0 ** k <= top]
+    body += [_x_label(x(t), f"{t / 1000:g} s" if t >= 1000 else f"{t:g} ms") for t in ticks]
+    for arm in arms:
+        color = _arm_color(report, arm["arm"])
+        values = arm["queue_wait_percentiles_ms"]
+        points = " L".join(f"{x(v):.1f},{y(p / 100):.1f}" for p, v in enumerate(values))
+        body.append(f"<path class='mark line' d='M{points}' fill='none' stroke='{color}' "
+                    f"stroke-width='2'><title>{escape(arm['arm'])}</title></path>")
+        for p in (50, 95):
+            tip = f"{arm['arm']}: p{p} {values[p]:,.1f} ms"
+            body.append(_point(x(values[p]), y(p / 100), color, tip))
+    return _svg("Queue wait per arm: share of requests that waited at most x (CDF)", body,
+                [(a["arm"], _arm_color(report, a["arm"])) for a in arms])
+
+
+def _share_chart(report: dict[str, Any]) -> str:
+    ts = report["timeseries"]
+    n = len(ts["starts"])
+    x = _scale(-0.5, n - 0.5, LEFT, W - RIGHT)
+    y = _scale(0, 1, H - BOTTOM, TOP)
+    body = _y_axis(y, [(q / 4, f"{25 * q}%") for q in range(5)])
+    edges = [(-0.5, ts["first_ts"], "start"), ((n - 1) / 2, (ts["first_ts"] + ts["last_ts"]) / 2,
+              "middle"), (n - 0.5, ts["last_ts"], "end")]
+    body += [_x_label(x(i), _clock(t), anchor) for i, t, anchor in edges]
+    for arm in ts["arms"]:
+        color = _arm_color(report, arm["arm"])
+        for segment in _segments(arm["fallback_share"]):
+            d = " L".join(f"{x(i):.1f},{y(s):.1f}" for i, s in segment)
+            body.append(f"<path class='mark line' d='M{d}' fill='none' stroke='{color}' "
+                        f"stroke-width='2'><title>{escape(arm['arm'])}</title></path>")
+        for i, share in enumerate(arm["fallback_share"]):
+            if share is not None:
+                tip = f"{arm['arm']}: {100 * share:.1f}% of {arm['requests'][i]:,} requests"
+                body.append(_point(x(i), y(share), color, tip))
+    return _svg("Share served by fallback per time bucket and arm", body,
+                [(a["arm"], _arm_color(report, a["arm"])) for a in ts["arms"]])
+
+
+def _segments(shares: Sequence[float | None]) -> list[list[tuple[int, float]]]:
+    """Runs of defined values, so a bucket with nothing served leaves a gap in the line."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for i, share in enumerate(shares):
+        if share is None:
+            runs.append([])
+        else:
+            runs[-1].append((i, share))
+    return [run for run in runs if len(run) > 1]
+
+
+def _point(x: float, y: float, color: str, tip: str) -> str:
+    return (f"<circle class='mark point' cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='{color}'>"
+            f"<title>{escape(tip)}</title></circle>")
+
+
+def _arm_color(report: dict[str, Any], arm: str) -> str:
+    return PALETTE[report["header"]["arms"].index(arm) % len(PALETTE)]
+
+
+def _log1p10(ms: float) -> float:
+    return log10(1 + ms)
+
+
+def _clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
