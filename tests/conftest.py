@@ -10,7 +10,7 @@ import os
 import shutil
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from openai import AsyncOpenAI
@@ -19,7 +19,15 @@ from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
 from router.simulated import SimEngine
 
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
+
 REQUIRE_ALL = os.environ.get("SLOTGATE_REQUIRE_ALL") == "1"
+# Debian's chromium, headless, as root, on a machine with no way out.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
 
 
 def require_program(name: str) -> str:
@@ -171,3 +179,22 @@ def ledger_target(request: pytest.FixtureRequest, tmp_path: Any) -> str:
         return str(tmp_path / "ledger.sqlite3")
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Debian's headless Chromium driven by Playwright (never a downloaded browser)."""
+    chromium = require_program("chromium")
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        reason = "the playwright package is not installed (pip install playwright)"
+        if REQUIRE_ALL:
+            pytest.fail(reason + "; SLOTGATE_REQUIRE_ALL=1 forbids skipping")
+        pytest.skip(reason)
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()

@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +21,9 @@ from router.app import RunningGateway
 from router.dispatch import Phase
 from router.simulated import FaultMode
 from tests.conftest import (
-    REQUIRE_ALL,
     StartGateway,
     assert_idle,
     engine,
-    require_program,
     sdk,
     sim_backend,
     wait_pools,
@@ -34,30 +32,10 @@ from tests.conftest import (
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page
 
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 VIEWPORT = {"width": 900, "height": 760}
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    chromium = require_program("chromium")
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        reason = "the playwright package is not installed (pip install playwright)"
-        if REQUIRE_ALL:
-            pytest.fail(reason + "; SLOTGATE_REQUIRE_ALL=1 forbids skipping")
-        pytest.skip(reason)
-    async with async_playwright() as pw:
-        launched = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 def keep_screenshot(path: Path) -> None:

@@ -5,38 +5,15 @@ Every request other than the page file itself is aborted and recorded; none may 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
-
 from router.report import build_report
 from router.report_render import render_html
-from tests.conftest import REQUIRE_ALL, require_program
-from tests.test_browser import CHROMIUM_ARGS
 from tests.test_report import hand_ledger
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Request, Route
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    chromium = require_program("chromium")
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        reason = "the playwright package is not installed (pip install playwright)"
-        if REQUIRE_ALL:
-            pytest.fail(reason + "; SLOTGATE_REQUIRE_ALL=1 forbids skipping")
-        pytest.skip(reason)
-    async with async_playwright() as pw:
-        launched = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 async def test_html_report_renders_offline(browser: Browser, tmp_path: Path) -> None:
