@@ -6,6 +6,8 @@ Each test closes its gateway (a graceful shutdown flushes the ledger) and reads 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from typing import Any
 
 import openai
@@ -183,3 +185,26 @@ async def test_experiment_arms_are_sticky_and_recorded(
     assert len(rows) == 18
     assert {r.experiment for r in rows} == {"fb"}
     assert [r.arm for r in rows] == [next(iter(seen[u])) for u in seen for _ in range(3)]
+
+
+async def test_retention_removes_old_rows_at_startup(
+    start: StartGateway, ledger_target: str
+) -> None:
+    old = LedgerRow(
+        id="old", ts=time.time() - 10 * 86_400, request_id="old", endpoint="/v1/completions",
+        route="chat", primary="big", experiment=None, arm=None, tenant=None, backend="big",
+        reason="primary", intent=None, p_simple=None, stream=False, status=200, error=None,
+        disconnect=None, queue_wait_ms=0.0, ttft_ms=1.0, total_ms=2.0, slot_ms=2.0,
+        prompt_tokens=1, completion_tokens=1, tokens_estimated=False, cost=0.0,
+        counterfactual_cost=0.0)
+    store = open_store(ledger_target)
+    await store.open()
+    await store.write([old, dataclasses.replace(old, id="recent", ts=time.time() - 86_400)])
+    await store.close()
+    raw = config(ledger_target)
+    raw["ledger"]["retention_days"] = 7
+    gw = await start(raw)
+    await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES)
+    await assert_idle(gw)
+    rows = await rows_of(gw, ledger_target)
+    assert [r.id for r in rows][:1] == ["recent"] and len(rows) == 2  # "old" is gone
