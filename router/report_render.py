@@ -210,13 +210,14 @@ def render_html(report: dict[str, Any]) -> str:
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
         _html_header(report),
+        _html_comparisons(report),  # the answer first: what the arms changed, with its CI
         "<h2>Cost per arm</h2>", _cost_chart(report),
         "<h2>Queue wait per arm</h2>", _wait_chart(report),
         "<h2>Share served by fallback over time</h2>", _share_chart(report),
     ]
     for name, columns in SECTIONS.items():
         parts += [f"<h2>{escape(name)}</h2>", _html_groups(report, columns)]
-    parts += [_html_comparisons(report), "</body></html>\n"]
+    parts.append("</body></html>\n")
     return "\n".join(parts)
 
 
