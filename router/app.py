@@ -81,7 +81,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             gw.metrics.watch(gw.pools[name])
             gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
         gw.experiments = build_experiments(gw.config.experiments, gw.config.routes)
-        routes = gw.config.routes.values()
+        arms = [arm.route for exp in gw.experiments.values() for arm in exp.arms]
+        routes = [*gw.config.routes.values(), *arms]  # an arm may steer where its route does not
         steering = [r for r in routes if r.fallback.when is not FallbackWhen.NEVER]
         for route in steering:
             for name in route.fallbacks:

@@ -7,6 +7,7 @@ import math
 
 from policies.config import ExperimentConfig, FallbackWhen, RouteConfig
 from policies.experiments import Experiment, build_experiments
+from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
 
 ROUTE = RouteConfig.model_validate({
     "primary": "big", "fallbacks": ["small"],
@@ -80,3 +81,17 @@ def test_disabled_experiments_are_not_built() -> None:
     }
     built = build_experiments(configs, {"chat": ROUTE, "other": ROUTE})
     assert list(built) == ["chat"] and built["chat"].name == "live"
+
+
+async def test_an_arm_that_steers_loads_the_classifier(start: StartGateway) -> None:
+    raw = gateway_config(sim_backend("m-big", slots=1), sim_backend("m-small", slots=1),
+                         overflow="reject")  # the route itself never steers
+    raw["experiments"] = {"fb": {"route": "chat", "arms": {
+        "plain": {"weight": 0.001}, "steer": {"fallback": {"when": "always"}}}}}
+    gw = await start(raw)
+    assert gw.gateway.classifier is not None and "small" in gw.gateway.offers
+    reply = await sdk(gw).chat.completions.with_raw_response.create(
+        model="chat", messages=[{"role": "user", "content": "hello!"}], user="someone")
+    assert reply.headers["x-slotgate-arm"] == "steer"
+    assert reply.headers["x-slotgate-backend"] == "small"  # a greeting, sent to the fallback
+    await assert_idle(gw)
