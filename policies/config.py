@@ -303,6 +303,40 @@ class LedgerConfig(_Model):
         return self.url or self.path
 
 
+class CoordinationMode(enum.StrEnum):
+    LOCAL = "local"  # pools live in this process
+    REDIS = "redis"  # pools are shared by every process and replica through Redis
+
+
+class RedisDown(enum.StrEnum):
+    """What a replica does while Redis is unreachable."""
+
+    FAIL_CLOSED = "fail_closed"  # 503 + Retry-After: never more than `slots` in flight
+    FAIL_OPEN_LOCAL = "fail_open_local"  # a local pool of slots / expected_replicas each
+
+
+class CoordinationConfig(_Model):
+    mode: CoordinationMode = CoordinationMode.LOCAL
+    url: str | None = Field(default=None, pattern=r"^(rediss?|unix)://", max_length=4096)
+    key_prefix: str = Field(default="slotgate", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    lease_ttl_s: float = Field(default=15.0, ge=1.0, le=600)  # renewed every ttl/3
+    call_timeout_s: float = Field(default=0.5, gt=0, le=10)  # every Redis call
+    recheck_s: float = Field(default=1.0, ge=0.05, le=60)  # safety net for lost wake-ups
+    on_redis_down: RedisDown = RedisDown.FAIL_CLOSED
+    expected_replicas: int = Field(default=1, ge=1, le=10_000)  # processes x replicas
+    breaker_failures: int = Field(default=3, ge=1, le=1000)  # consecutive, to open
+    breaker_open_s: float = Field(default=5.0, gt=0, le=600)  # before a half-open probe
+
+    @model_validator(mode="after")
+    def _url_for_redis(self) -> Self:
+        if self.mode is CoordinationMode.REDIS and self.url is None:
+            raise ValueError("mode 'redis' needs 'url' (redis://host:6379/0)")
+        if self.recheck_s * 3 > self.lease_ttl_s:
+            raise ValueError("recheck_s must be at most a third of lease_ttl_s "
+                             "(it also keeps waiters alive)")
+        return self
+
+
 class LoggingConfig(_Model):
     access: bool = True  # one JSON line per request (logger slotgate.access, level INFO)
     content: bool = False  # add the prompt text the classifier reads to that line
@@ -316,6 +350,7 @@ class Config(_Model):
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")  # of every price
     ledger: LedgerConfig = LedgerConfig()
     experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
+    coordination: CoordinationConfig = CoordinationConfig()
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Self:

@@ -198,3 +198,48 @@ async def browser() -> AsyncIterator[Browser]:
             yield launched
         finally:
             await launched.close()
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, owned by one test: it may be stopped
+    and started again on the same port (nothing is persisted)."""
+
+    def __init__(self, program: str, port: int) -> None:
+        self.program = program
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[bytes] | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            self.program, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--protected-mode", "no", "--loglevel", "notice",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(10):  # its own word that it listens
+            while b"Ready to accept connections" not in (line := await self.proc.stdout.readline()):
+                assert line, "redis-server exited at start"
+        self._drain = asyncio.create_task(self.proc.stdout.read())  # keep the pipe empty
+
+    async def stop(self, kill: bool = False) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            await self.proc.wait()
+        if self._drain is not None:
+            await self._drain
+        self.proc = self._drain = None
+
+
+@pytest.fixture
+async def redis_server() -> AsyncIterator[RedisServer]:
+    """A private redis-server (skip, or fail under SLOTGATE_REQUIRE_ALL=1, without one)."""
+    server = RedisServer(require_program("redis-server"), closed_port())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(kill=True)
