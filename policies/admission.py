@@ -24,6 +24,7 @@ class RouteReason(enum.StrEnum):
 class RejectReason(enum.StrEnum):
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
+    UNAVAILABLE = "coordination_unavailable"  # the shared pool's Redis is away (fail_closed)
 
 
 @dataclass(frozen=True, slots=True)

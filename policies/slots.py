@@ -12,13 +12,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from policies.eta import HoldTimeModel, predict_wait
 
 
 class QueueTimeout(Exception):
     """The ticket waited past its deadline without being granted a slot."""
+
+
+class CoordinationError(Exception):
+    """A shared pool's store (Redis) could not be reached in time, or its breaker is open."""
+
+
+class PoolUnavailable(Exception):
+    """The pool cannot admit anyone now (its shared store is away and it fails closed)."""
+
+    def __init__(self, pool: str, retry_after_s: float) -> None:
+        super().__init__(f"slot pool {pool!r} is unavailable: Redis is unreachable")
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +62,8 @@ class Lease(Protocol):
     @property
     def held_s(self) -> float: ...
 
+    def lost(self) -> asyncio.Future[None] | None: ...  # resolved if the slot was taken away
+
     async def release(self) -> None: ...
 
 
@@ -68,12 +82,22 @@ class Ticket(Protocol):
 
 class SlotPool(Protocol):
     name: str
+    capacity: int
+    queue_limit: int
+
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def queued(self) -> int: ...
 
     def snapshot(self) -> PoolSnapshot: ...
 
     def forecast(self, position: int) -> float: ...  # seconds until `position` gets a slot
 
     def next_change(self) -> asyncio.Future[None]: ...  # resolved when active/queued change
+
+    def watch(self, callback: Callable[[Any], None]) -> Callable[[], None]: ...
 
     async def try_acquire(self) -> Lease | None: ...  # a free slot now, or None
 
@@ -99,6 +123,9 @@ class LocalLease:
     @property
     def held_s(self) -> float:
         return self._pool.clock() - self._granted_at
+
+    def lost(self) -> None:
+        return None  # a local slot cannot be taken away
 
     async def release(self) -> None:
         self.release_now()

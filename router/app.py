@@ -15,16 +15,15 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from policies.config import Config, FallbackWhen
-from policies.eta import HoldTimeEstimator
+from policies.config import Config, CoordinationMode, FallbackWhen
 from policies.experiments import build_experiments
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
-from policies.slots import LocalSlotPool
 from router import admin, dispatch, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError
+from router.pools import make_pool, start_coordinator
 from router.proxy import Upstream
 from router.simulated import start_simulator
 
@@ -58,6 +57,8 @@ def create_app(config: Config) -> web.Application:
 async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     try:
+        if gw.config.coordination.mode is CoordinationMode.REDIS:
+            gw.coordinator = await start_coordinator(gw.config.coordination)
         for name, backend in gw.config.backends.items():
             if backend.simulated is not None:
                 sim = await start_simulator(backend.simulated, backend.model)
@@ -74,10 +75,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
                 skip_auto_headers=("User-Agent",),
             )
             gw.upstreams[name] = Upstream(name, backend, base_url, session)
-            gw.pools[name] = LocalSlotPool(
-                name, backend.slots, backend.queue_limit,
-                HoldTimeEstimator(backend.initial_hold_s),
-            )
+            gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
             gw.metrics.watch(gw.pools[name])
             gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
         gw.experiments = build_experiments(gw.config.experiments, gw.config.routes)
@@ -107,6 +105,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await upstream.session.close()
         for sim in gw.simulators.values():
             await sim.close()
+        if gw.coordinator is not None:
+            await gw.coordinator.close()
 
 
 @web.middleware
@@ -163,8 +163,8 @@ class RunningGateway:
         await self.runner.cleanup()
 
 
-async def start_gateway(config: Config, host: str | None = None, port: int | None = None
-                        ) -> RunningGateway:
+async def start_gateway(config: Config, host: str | None = None, port: int | None = None,
+                        *, reuse_port: bool = False) -> RunningGateway:
     """Serve `config` on host:port (port 0 picks a free one) until `close()`."""
     app = create_app(config)
     runner = web.AppRunner(
@@ -176,7 +176,7 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     await runner.setup()
     host = host if host is not None else config.server.host
     port = port if port is not None else config.server.port
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     bound = runner.addresses[0][1]
     url = f"http://{host}:{bound}"

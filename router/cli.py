@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--workers", type=_worker_count, default=1, metavar="N",
+        help="N gateway processes on one port (SO_REUSEPORT), to use N cores; N > 1 needs "
+             "coordination.mode: redis so the workers share their slot pools. A worker that "
+             "dies stops the others: workers are not restarted (leave that to systemd or "
+             "Kubernetes)")
     sub.add_parser("simulate", help="run a standalone simulated engine", add_help=False)
     sub.add_parser("demo", help="ten people, three slots", add_help=False)
     sub.add_parser("loadtest", help="drive a mixed workload (A/B: fallback off vs on)",
@@ -59,18 +65,30 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args.config, args.host, args.port, args.log_level)
+        return _serve(args.config, args.host, args.port, args.log_level, args.workers)
     parser.print_help()
     return 2
 
 
-def _serve(path: str | None, host: str | None, port: int | None, level: str) -> int:
+def _worker_count(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {count}")
+    return count
+
+
+def _serve(path: str | None, host: str | None, port: int | None, level: str,
+           workers: int = 1) -> int:
     logging.basicConfig(level=level.upper(), format="%(message)s")
     try:
         config = load_config(path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if workers > 1:
+        from router.workers import serve_workers
+
+        return serve_workers(config, host, port, level, workers)
 
     async def start() -> Closable:
         from router.app import start_gateway

@@ -29,7 +29,7 @@ from policies.config import FallbackWhen, Overflow, RouteConfig
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
-from policies.slots import Lease, QueueTimeout, SlotPool, Ticket
+from policies.slots import Lease, PoolUnavailable, QueueTimeout, SlotPool, Ticket
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
     ApiError,
@@ -155,7 +155,11 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         if experiment is not None:
             arm = experiment.assign(subject(parsed, rec.tenant, request))
             rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
-        response = await exchange.run(parsed, route)
+        try:
+            response = await exchange.run(parsed, route)
+        except PoolUnavailable as exc:
+            raise exchange.rejection(RejectReason.UNAVAILABLE, math.ceil(exc.retry_after_s),
+                                     rec.backend or route.primary) from None
         rec.status = response.status
         return response
     except ApiError as err:
@@ -198,7 +202,10 @@ class Exchange:
         self.rec.slot_at = time.perf_counter()
         try:
             self.rec.phase = Phase.BEFORE_FIRST_BYTE
-            return await self.forward(parsed, lease.pool)
+            lost = lease.lost()
+            if lost is None:
+                return await self.forward(parsed, lease.pool)
+            return await self.forward_while_held(parsed, lease.pool, lost)
         finally:
             held_s = lease.held_s
             self.rec.slot_ms = held_s * 1000
@@ -235,6 +242,25 @@ class Exchange:
             if ticket is not None:
                 return await self.wait(parsed, pool, ticket, movable)
         raise self.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
+
+    async def forward_while_held(self, parsed: ParsedRequest, backend: str,
+                                 lost: asyncio.Future[None]) -> web.StreamResponse:
+        """Forward, but stop (the engine aborts) if the shared slot is taken away."""
+        forwarding = asyncio.ensure_future(self.forward(parsed, backend))
+        either: set[asyncio.Future[Any]] = {forwarding, lost}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not forwarding.done():
+                forwarding.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await forwarding
+        if not forwarding.cancelled():
+            return forwarding.result()
+        err = ApiError(503, "This request's slot lease was lost (the gateway could not renew "
+                       "it in Redis within its TTL); retry.", "server_error", "slot_lost")
+        err.headers["Retry-After"] = str(self.gw.config.server.retry_after_min_s)
+        raise err
 
     def steer(self, parsed: ParsedRequest, route: RouteConfig) -> Move | Stay:
         """Classify once, then ask the fallback policy whether to leave the primary."""
@@ -413,6 +439,9 @@ class Exchange:
         if reason is RejectReason.QUEUE_FULL:
             err = ApiError(429, "All slots and queues for this model are full; retry later.",
                            "rate_limit_error", reason.value)
+        elif reason is RejectReason.UNAVAILABLE:
+            err = ApiError(503, "The shared slot pool is unavailable (its Redis cannot be "
+                           "reached); retry later.", "server_error", reason.value)
         else:
             err = ApiError(503, "Timed out waiting in the queue for a free slot; retry later.",
                            "server_error", reason.value)

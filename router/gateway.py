@@ -16,13 +16,14 @@ from policies.config import Config
 from policies.experiments import Experiment
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
-from policies.slots import LocalSlotPool
+from policies.slots import SlotPool
 from router.ledger import Ledger
 from router.metrics import Metrics
 from router.proxy import Upstream
 from router.usage import ledger_row
 
 if TYPE_CHECKING:
+    from policies.redis_slots import RedisCoordinator
     from router.dispatch import RequestRecord
     from router.simulated import RunningSim
 
@@ -32,7 +33,7 @@ RECENT_RECORDS = 1000
 @dataclass
 class Gateway:
     config: Config
-    pools: dict[str, LocalSlotPool] = field(default_factory=dict)
+    pools: dict[str, SlotPool] = field(default_factory=dict)
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     simulators: dict[str, RunningSim] = field(default_factory=dict)
     offers: dict[str, MoveOffers] = field(default_factory=dict)  # per fallback pool
@@ -40,6 +41,7 @@ class Gateway:
     recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=RECENT_RECORDS))
     experiments: dict[str, Experiment] = field(default_factory=dict)  # by the route they split
     ledger: Ledger | None = None
+    coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
     ready: bool = False
 

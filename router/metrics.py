@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from policies.slots import LocalSlotPool
+    from policies.slots import SlotPool
     from router.dispatch import RequestRecord
     from router.ledger import Ledger
 
@@ -78,13 +78,13 @@ class Metrics:
               registry=self.registry).set_function(lambda: ledger.pending)
         self.registry.register(_LedgerCollector(ledger))
 
-    def watch(self, pool: LocalSlotPool) -> None:
+    def watch(self, pool: SlotPool) -> None:
         self.capacity.labels(pool.name).set(pool.capacity)
         active, queued = self.active.labels(pool.name), self.queued.labels(pool.name)
         self.queue_wait.labels(pool.name)  # export zeros before the first request
         self.holding.labels(pool.name)
 
-        def update(p: LocalSlotPool) -> None:
+        def update(p: SlotPool) -> None:
             active.set(p.active)
             queued.set(p.queued)
 

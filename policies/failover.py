@@ -1,0 +1,145 @@
+"""What a shared pool does while Redis is away.
+
+`FailoverPool` puts a `RedisSlotPool` first. When a Redis call fails, or the breaker is
+open, it either refuses (`fail_closed`: `PoolUnavailable`, answered 503 + Retry-After,
+so the backend never sees more than its slots) or serves from a local pool of
+floor(slots / expected_replicas), at least 1, in this process (`fail_open_local`). A
+request already waiting in the shared line when Redis goes moves to the local line with
+the time it has left. Once the breaker closes again, new work goes through Redis; leases
+taken locally finish where they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from policies.breaker import BreakerState
+from policies.redis_slots import RedisSlotPool, RedisTicket
+from policies.slots import (
+    CoordinationError,
+    Lease,
+    LocalSlotPool,
+    PoolSnapshot,
+    PoolUnavailable,
+    QueueTimeout,
+    Ticket,
+)
+
+
+def local_share(slots: int, expected_replicas: int) -> int:
+    """The slots one replica may use on its own: floor(slots / replicas), at least 1."""
+    return max(1, slots // expected_replicas)
+
+
+class FailoverTicket:
+    def __init__(self, pool: FailoverPool, ticket: RedisTicket) -> None:
+        self._pool = pool
+        self._ticket: Ticket = ticket  # a LocalTicket after a move
+
+    @property
+    def position(self) -> int:
+        return self._ticket.position
+
+    async def wait(self, timeout_s: float) -> Lease:
+        deadline = time.monotonic() + timeout_s
+        try:
+            lease: Lease = await self._ticket.wait(timeout_s)
+            return lease
+        except CoordinationError:
+            pass
+        self._ticket = await self._pool.local_ticket()  # Redis went away while we waited
+        left = deadline - time.monotonic()
+        if left <= 0:
+            await self._ticket.withdraw()
+            raise QueueTimeout from None
+        moved: Lease = await self._ticket.wait(left)
+        return moved
+
+    async def withdraw(self) -> None:
+        await self._ticket.withdraw()
+
+    def eta_s(self) -> float:
+        return self._ticket.eta_s()
+
+
+class FailoverPool:
+    """A Redis-shared pool with a fallback for when Redis is unreachable."""
+
+    def __init__(self, shared: RedisSlotPool, local: LocalSlotPool | None) -> None:
+        self.shared = shared
+        self.local = local  # None: fail closed
+        self.name = shared.name
+        self.capacity = shared.capacity
+        self.queue_limit = shared.queue_limit
+
+    @property
+    def degraded(self) -> bool:
+        return self.shared.coordinator.breaker.state is not BreakerState.CLOSED
+
+    @property
+    def active(self) -> int:
+        return self.shared.active + (self.local.active if self.local else 0)
+
+    @property
+    def queued(self) -> int:
+        return self.shared.queued + (self.local.queued if self.local else 0)
+
+    def snapshot(self) -> PoolSnapshot:
+        if self.degraded and self.local is not None:
+            return self.local.snapshot()
+        return self.shared.snapshot()
+
+    def forecast(self, position: int) -> float:
+        if self.degraded and self.local is not None:
+            return self.local.forecast(position)
+        return self.shared.forecast(position)
+
+    def next_change(self) -> asyncio.Future[None]:
+        if self.degraded and self.local is not None:
+            return self.local.next_change()
+        return self.shared.next_change()
+
+    def watch(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        def relay(_: object) -> None:
+            callback(self)
+
+        unwatch = [self.shared.watch(relay)]
+        if self.local is not None:
+            unwatch.append(self.local.watch(relay))
+
+        def stop() -> None:
+            for undo in unwatch:
+                undo()
+
+        return stop
+
+    async def try_acquire(self) -> Lease | None:
+        try:
+            return await self.shared.try_acquire()
+        except CoordinationError:
+            return self._local().acquire_nowait()
+
+    async def enqueue(self) -> Ticket | None:
+        try:
+            ticket = await self.shared.enqueue()
+        except CoordinationError:
+            return self._local().enqueue_nowait()
+        return None if ticket is None else FailoverTicket(self, ticket)
+
+    async def local_ticket(self) -> Ticket:
+        ticket = self._local().enqueue_nowait()
+        if ticket is None:
+            raise PoolUnavailable(self.name, self.retry_after_s())
+        return ticket
+
+    def _local(self) -> LocalSlotPool:
+        if self.local is None:
+            raise PoolUnavailable(self.name, self.retry_after_s())
+        return self.local
+
+    def retry_after_s(self) -> float:
+        return max(1.0, math.ceil(self.shared.coordinator.breaker.retry_in_s()))

@@ -1,0 +1,174 @@
+"""The Lua scripts behind `RedisSlotPool`: each atomic step of a shared pool is one script.
+
+Every script works on the keys of one pool, which share a hash tag (Redis Cluster safe),
+in this order:
+
+    KEYS[1]  holders   sorted set  lease id -> expiry (ms, Redis clock)
+    KEYS[2]  waiters   sorted set  ticket id -> sequence number (FIFO order)
+    KEYS[3]  alive     sorted set  ticket id -> expiry (ms): a waiter's heartbeat
+    KEYS[4]  sequence  counter     the last sequence number handed out
+    KEYS[5]  fencing   counter     the last fencing token handed out
+    KEYS[6]  granted   sorted set  lease id -> grant time (ms): lease ages, for ETAs
+    KEYS[7]  tokens    hash        lease id -> its fencing token
+
+Time is Redis's own (`TIME`), never a replica's clock. Every script first drops expired
+holders (a crashed replica's leases) and dead waiters (a crashed replica's tickets) and,
+if it dropped any, publishes a wake-up so live waiters re-check. A ticket that is granted
+becomes a lease with the same id.
+"""
+
+from __future__ import annotations
+
+KEY_NAMES = ("holders", "waiters", "alive", "seq", "fence", "granted", "tokens")
+
+_PRELUDE = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function purge(now, channel)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[6], id)
+    redis.call('HDEL', KEYS[7], id)
+  end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+  for _, id in ipairs(dead) do
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('ZREM', KEYS[2], id)
+  end
+  if #expired + #dead > 0 then
+    redis.call('PUBLISH', channel, 'expired')
+  end
+end
+
+local function grant(id, now, ttl)
+  local token = redis.call('INCR', KEYS[5])
+  redis.call('ZADD', KEYS[1], now + ttl, id)
+  redis.call('ZADD', KEYS[6], now, id)
+  redis.call('HSET', KEYS[7], id, token)
+  return token
+end
+"""
+
+# ACQUIRE: a free slot for a newcomer, only when nobody waits (newcomers never overtake).
+#   ARGV[1] capacity   ARGV[2] lease id   ARGV[3] ttl ms   ARGV[4] wake-up channel
+#   returns {token or 0, holders, waiters}
+ACQUIRE = _PRELUDE + """
+local now = now_ms()
+purge(now, ARGV[4])
+local holders = redis.call('ZCARD', KEYS[1])
+local waiters = redis.call('ZCARD', KEYS[2])
+if holders < tonumber(ARGV[1]) and waiters == 0 then
+  return {grant(ARGV[2], now, tonumber(ARGV[3])), holders + 1, 0}
+end
+return {0, holders, waiters}
+"""
+
+# ENQUEUE: a place at the end of the line, unless the line is full.
+#   ARGV[1] queue limit   ARGV[2] ticket id   ARGV[3] ttl ms   ARGV[4] wake-up channel
+#   returns {position (1 = next) or 0 when full, holders, waiters}
+ENQUEUE = _PRELUDE + """
+local now = now_ms()
+purge(now, ARGV[4])
+local waiters = redis.call('ZCARD', KEYS[2])
+local holders = redis.call('ZCARD', KEYS[1])
+if waiters >= tonumber(ARGV[1]) then
+  return {0, holders, waiters}
+end
+local seq = redis.call('INCR', KEYS[4])
+redis.call('ZADD', KEYS[2], seq, ARGV[2])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[2])
+return {waiters + 1, holders, waiters + 1}
+"""
+
+# POLL: for each of one replica's tickets, grant it if its rank is below the free slots
+# (so every ticket ahead of it can be served too: FIFO across replicas), else refresh its
+# heartbeat and report its position. A ticket already granted (a reply lost to a timeout)
+# is reported granted again, with its token.
+#   ARGV[1] capacity   ARGV[2] ttl ms   ARGV[3] wake-up channel   ARGV[4..] ticket ids
+#   returns {holders, waiters, now, {grant times...}, status1, value1, status2, value2, ...}
+#     status 1: granted, value = fencing token; 0: waiting, value = position; -1: gone
+POLL = _PRELUDE + """
+local now = now_ms()
+local cap, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+purge(now, ARGV[3])
+local out = {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local rank = redis.call('ZRANK', KEYS[2], id)
+  if rank then
+    if rank < cap - redis.call('ZCARD', KEYS[1]) then
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('ZREM', KEYS[3], id)
+      table.insert(out, 1)
+      table.insert(out, grant(id, now, ttl))
+    else
+      redis.call('ZADD', KEYS[3], 'XX', now + ttl, id)
+      table.insert(out, 0)
+      table.insert(out, rank + 1)
+    end
+  else
+    local token = redis.call('HGET', KEYS[7], id)
+    if token then
+      table.insert(out, 1)
+      table.insert(out, tonumber(token))
+    else
+      table.insert(out, -1)
+      table.insert(out, 0)
+    end
+  end
+end
+local times = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
+local granted = {}
+for i = 2, #times, 2 do table.insert(granted, times[i]) end
+local head = {redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2]), now, granted}
+for _, v in ipairs(out) do table.insert(head, v) end
+return head
+"""
+
+# RENEW: extend a held lease. A lease that vanished (its holder was cut off past the TTL,
+# or Redis restarted empty) is taken again if a slot is free and nobody waits, since the
+# engine is still running it; otherwise it is lost.
+#   ARGV[1] lease id   ARGV[2] ttl ms   ARGV[3] capacity   ARGV[4] wake-up channel
+#   returns 1 renewed, 2 re-registered, 0 lost
+RENEW = _PRELUDE + """
+local now = now_ms()
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  return 1
+end
+purge(now, ARGV[4])
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) and redis.call('ZCARD', KEYS[2]) == 0 then
+  grant(ARGV[1], now, tonumber(ARGV[2]))
+  return 2
+end
+return 0
+"""
+
+# RELEASE: give a lease back (idempotent) and wake the waiters of every replica.
+#   ARGV[1] lease id   ARGV[2] wake-up channel
+#   returns 1 released, 0 not held (already released or expired)
+RELEASE = """
+redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('PUBLISH', ARGV[2], 'release')
+  return 1
+end
+return 0
+"""
+
+# WITHDRAW: leave the line (idempotent); those behind move up, so wake them.
+#   ARGV[1] ticket id   ARGV[2] wake-up channel
+#   returns 1 left, 0 was not in line (granted, expired or gone)
+WITHDRAW = """
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+  redis.call('PUBLISH', ARGV[2], 'withdraw')
+  return 1
+end
+return 0
+"""

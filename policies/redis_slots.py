@@ -1,0 +1,398 @@
+"""RedisSlotPool: one backend's slots and FIFO queue, shared by every process and replica.
+
+Each atomic step is a Lua script (`policies.redis_scripts`). Waiting does not poll Redis
+in a loop: a release anywhere publishes a wake-up; each process holds one subscription
+(`RedisCoordinator`) and, for a pool with local waiters, makes one POLL call that grants
+every local ticket whose place in line is within the free slots, and refreshes the
+others' heartbeats and positions. A re-check every `recheck_s` covers lost messages and
+keeps waiters alive. Leases have a TTL and are renewed every TTL/3 by a task of their own;
+a replica that dies loses its slots and its place in line within the TTL.
+
+Every Redis call has a short timeout and goes through one circuit breaker per process.
+Failures surface as `CoordinationError`; `policies.failover` decides what a request then
+gets. A call that timed out may still have happened, so a release or withdrawal is
+retried by id in the background, and POLL reports a grant whose reply was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from policies.breaker import BreakerState, CircuitBreaker
+from policies.eta import HoldTimeModel, predict_wait
+from policies.redis_scripts import ACQUIRE, ENQUEUE, KEY_NAMES, POLL, RELEASE, RENEW, WITHDRAW
+from policies.slots import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueTimeout
+
+log = logging.getLogger("slotgate.redis")
+_RETRIES = 5  # background retries of a release or withdrawal by id
+
+
+class RedisCoordinator:
+    """One per process: the client, the scripts, the breaker and the wake-up subscription."""
+
+    def __init__(self, url: str, prefix: str, call_timeout_s: float, breaker: CircuitBreaker
+                 ) -> None:
+        self.prefix = prefix
+        self.call_timeout_s = call_timeout_s
+        self.breaker = breaker
+        self.client = aioredis.Redis.from_url(
+            url, socket_timeout=call_timeout_s, socket_connect_timeout=call_timeout_s,
+            retry_on_timeout=False, decode_responses=False)
+        self.scripts = {name: self.client.register_script(text) for name, text in (
+            ("acquire", ACQUIRE), ("enqueue", ENQUEUE), ("poll", POLL), ("renew", RENEW),
+            ("release", RELEASE), ("withdraw", WITHDRAW))}
+        self.pools: dict[bytes, RedisSlotPool] = {}  # by wake-up channel
+        self._listener: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def call(self, script: str, keys: Sequence[str], args: Sequence[str | int | float]
+                   ) -> Any:
+        if not self.breaker.allow():
+            raise CoordinationError("Redis circuit open")
+        try:
+            async with asyncio.timeout(self.call_timeout_s):
+                result = await self.scripts[script](keys=keys, args=args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.breaker.failure()
+            raise CoordinationError(f"{type(exc).__name__}: {exc}") from None
+        self.breaker.success()
+        return result
+
+    def in_background(self, work: Callable[[], Any]) -> None:
+        task = asyncio.ensure_future(work())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def start(self) -> None:
+        self._listener = asyncio.create_task(self._listen(), name="redis-wake-ups")
+
+    async def _listen(self) -> None:
+        """Wake a pool's local waiters when any replica releases or leaves; reconnect on loss."""
+        backoff = 0.1
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(*self.pools)
+                backoff = 0.1
+                for pool in self.pools.values():
+                    pool.wake()  # messages may have been lost while unsubscribed
+                async for message in pubsub.listen():
+                    woken = self.pools.get(message.get("channel", b""))
+                    if woken is not None:
+                        woken.wake()
+            except (RedisError, OSError) as exc:
+                log.debug("redis wake-up subscription lost (%s); resubscribing", exc)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(backoff)  # a reconnect backoff; pools re-check on their own
+            backoff = min(2.0, backoff * 2)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+        if self._background:
+            await asyncio.wait(self._background, timeout=self.call_timeout_s * _RETRIES)
+        await self.client.aclose()
+
+
+class RedisLease:
+    """A slot held in Redis, renewed every TTL/3 until released."""
+
+    def __init__(self, pool: RedisSlotPool, lease_id: str, token: int) -> None:
+        self._pool = pool
+        self.id = lease_id
+        self.token = token  # fencing: larger than every token granted before it
+        self.granted_at = pool.clock()
+        self.released = False
+        self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._renewer = asyncio.create_task(self._renew(), name=f"renew-{lease_id}")
+
+    @property
+    def pool(self) -> str:
+        return self._pool.name
+
+    @property
+    def held_s(self) -> float:
+        return self._pool.clock() - self.granted_at
+
+    def lost(self) -> asyncio.Future[None]:
+        """Resolved if Redis no longer counts this lease (it expired and its slot was taken)."""
+        return self._lost
+
+    async def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self._renewer.cancel()
+        self._pool.estimator.observe(self.held_s)
+        await self._pool.release_id(self.id)
+
+    async def _renew(self) -> None:
+        pool = self._pool
+        every = pool.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(every)  # the renewal period itself
+            try:
+                state = await pool.coordinator.call(
+                    "renew", pool.keys, [self.id, pool.ttl_ms, pool.capacity, pool.channel])
+            except CoordinationError:
+                continue  # Redis is away: the engine still runs this; try again next period
+            if state == 0:
+                log.warning("lease %s on %s was lost (expired and its slot taken)",
+                            self.id, pool.name)
+                self._lost.set_result(None)
+                return
+
+
+class RedisTicket:
+    """A place in the shared line; granted by the pool's POLL calls."""
+
+    def __init__(self, pool: RedisSlotPool, ticket_id: str, position: int) -> None:
+        self._pool = pool
+        self.id = ticket_id
+        self.position = position
+        self.enqueued_at = pool.clock()
+        self.left = False
+        self.future: asyncio.Future[RedisLease] = asyncio.get_running_loop().create_future()
+
+    async def wait(self, timeout_s: float) -> RedisLease:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(self.future)
+        except TimeoutError:
+            granted = _granted(self.future)
+            if granted is not None:
+                return granted  # granted at the very instant the deadline passed
+            await self.withdraw()
+            raise QueueTimeout from None
+        except asyncio.CancelledError:
+            self._pool.coordinator.in_background(self.withdraw)  # the client is gone
+            raise
+
+    async def withdraw(self) -> None:
+        """Leave the line; a slot granted meanwhile (known or not yet) goes back."""
+        if self.left:
+            return
+        self.left = True
+        self._pool.forget(self)
+        granted = _granted(self.future)
+        if granted is not None:
+            await granted.release()
+            return
+        if not self.future.done():
+            self.future.cancel()
+        await self._pool.withdraw_id(self.id)
+
+    def eta_s(self) -> float:
+        return self._pool.forecast(self.position) if self.position > 0 else 0.0
+
+
+class RedisSlotPool:
+    """`capacity` slots and a FIFO line of at most `queue_limit`, kept in Redis."""
+
+    def __init__(self, name: str, capacity: int, queue_limit: int, estimator: HoldTimeModel,
+                 coordinator: RedisCoordinator, lease_ttl_s: float, recheck_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.queue_limit = queue_limit
+        self.estimator = estimator
+        self.coordinator = coordinator
+        self.lease_ttl_s = lease_ttl_s
+        self.ttl_ms = int(lease_ttl_s * 1000)
+        self.recheck_s = recheck_s
+        self.clock = clock
+        tag = f"{{{coordinator.prefix}:{name}}}"  # one hash slot for all of this pool's keys
+        self.keys = [f"{tag}:{key}" for key in KEY_NAMES]
+        self.channel = f"{tag}:wake"
+        coordinator.pools[self.channel.encode()] = self
+        self.active = 0  # as Redis said in its last reply to this process
+        self.queued = 0
+        self._ages: list[float] = []
+        self._ages_at = 0.0
+        self._tickets: dict[str, RedisTicket] = {}
+        self._watchers: list[Callable[[RedisSlotPool], None]] = []
+        self._change: asyncio.Future[None] | None = None
+        self._wake = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+        self._forecasts: dict[int, float] = {}
+        self._forecast_at = 0.0
+
+    # -- the SlotPool role --------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        return PoolSnapshot(self.name, self.capacity, self.active, self.queued,
+                            self.queue_limit, self.estimator.mean_s)
+
+    def forecast(self, position: int) -> float:
+        if self.clock() - self._forecast_at > FORECAST_TTL_S:
+            self._forecasts.clear()
+            self._forecast_at = self.clock()
+        cached = self._forecasts.get(position)
+        if cached is None:
+            age = self.clock() - self._ages_at
+            ages = [a + age for a in self._ages]
+            cached = self._forecasts[position] = predict_wait(
+                self.estimator, ages, self.capacity, position)
+        return cached
+
+    def next_change(self) -> asyncio.Future[None]:
+        if self._change is None or self._change.done():
+            self._change = asyncio.get_running_loop().create_future()
+        return self._change
+
+    def watch(self, callback: Callable[[RedisSlotPool], None]) -> Callable[[], None]:
+        self._watchers.append(callback)
+        return lambda: self._watchers.remove(callback)
+
+    async def try_acquire(self) -> RedisLease | None:
+        lease_id = _new_id()
+        try:
+            token, active, queued = await self.coordinator.call(
+                "acquire", self.keys, [self.capacity, lease_id, self.ttl_ms, self.channel])
+        except CoordinationError:
+            self.coordinator.in_background(lambda: self.release_id(lease_id))  # it may exist
+            raise
+        self._counts(active, queued)
+        return RedisLease(self, lease_id, token) if token else None
+
+    async def enqueue(self) -> RedisTicket | None:
+        ticket_id = _new_id()
+        try:
+            position, active, queued = await self.coordinator.call(
+                "enqueue", self.keys, [self.queue_limit, ticket_id, self.ttl_ms, self.channel])
+        except CoordinationError:
+            self.coordinator.in_background(lambda: self.withdraw_id(ticket_id))
+            raise
+        self._counts(active, queued)
+        if not position:
+            return None
+        ticket = RedisTicket(self, ticket_id, position)
+        self._tickets[ticket_id] = ticket
+        self.wake()  # a slot may have freed between the admission and the enqueue
+        return ticket
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Something changed in Redis: waiters here re-check (one POLL for all of them)."""
+        if self._tickets:
+            self._wake.set()
+            if self._poller is None or self._poller.done():
+                self._poller = asyncio.create_task(self._poll_while_waiting())
+        for callback in self._watchers:  # e.g. move offers waiting for a free slot here
+            callback(self)
+
+    async def _poll_while_waiting(self) -> None:
+        while self._tickets:
+            self._wake.clear()
+            try:
+                await self._poll()
+            except CoordinationError as exc:
+                self._fail_if_open(exc)
+            if not self._tickets:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.recheck_s):  # the safety net: lost wake-ups
+                    await self._wake.wait()
+
+    async def _poll(self) -> None:
+        tickets = list(self._tickets.values())
+        reply = await self.coordinator.call(
+            "poll", self.keys,
+            [self.capacity, self.ttl_ms, self.channel, *(t.id for t in tickets)])
+        active, queued, now_ms, granted = reply[0], reply[1], int(reply[2]), reply[3]
+        self._ages = [(now_ms - float(g)) / 1000 for g in granted]
+        self._ages_at = self.clock()
+        moved = False
+        for i, ticket in enumerate(tickets):
+            status, value = reply[4 + 2 * i], reply[5 + 2 * i]
+            if status == 1:
+                lease = RedisLease(self, ticket.id, value)
+                self._tickets.pop(ticket.id, None)
+                if ticket.future.done():  # it left meanwhile: give the slot back
+                    self.coordinator.in_background(lease.release)
+                else:
+                    ticket.future.set_result(lease)
+            elif status == 0:
+                moved |= ticket.position != value
+                ticket.position = value
+            else:  # expired in Redis (this process was cut off past the TTL)
+                self._tickets.pop(ticket.id, None)
+                if not ticket.future.done():
+                    ticket.future.set_exception(CoordinationError("place in line expired"))
+        self._counts(active, queued, moved)
+
+    def _fail_if_open(self, exc: CoordinationError) -> None:
+        """With the breaker open, waiting here is waiting for nothing: tell the waiters."""
+        if self.coordinator.breaker.state is BreakerState.CLOSED:
+            return
+        for ticket in list(self._tickets.values()):
+            self._tickets.pop(ticket.id, None)
+            if not ticket.future.done():
+                ticket.future.set_exception(CoordinationError(str(exc)))
+            self.coordinator.in_background(functools.partial(self.withdraw_id, ticket.id))
+
+    def forget(self, ticket: RedisTicket) -> None:
+        self._tickets.pop(ticket.id, None)
+
+    # -- by id, retried: a timed-out call may have happened ---------------------------------
+
+    async def release_id(self, lease_id: str) -> None:
+        await self._retried("release", lease_id)
+
+    async def withdraw_id(self, ticket_id: str) -> None:
+        """Leave the line; if the ticket was granted meanwhile, release that lease."""
+        if not await self._retried("withdraw", ticket_id):
+            await self._retried("release", ticket_id)  # same id: a no-op when never granted
+
+    async def _retried(self, script: str, item: str) -> int:
+        for attempt in range(_RETRIES):
+            try:
+                done: int = await self.coordinator.call(script, self.keys, [item, self.channel])
+            except CoordinationError:
+                await asyncio.sleep(self.recheck_s * (attempt + 1))  # retry backoff
+                continue
+            if done:
+                self._counts(self.active - (script == "release"),
+                             self.queued - (script == "withdraw"))
+            return done
+        log.warning("%s of %s on %s failed; Redis expires it within %g s", script, item,
+                    self.name, self.lease_ttl_s)
+        return 0
+
+    def _counts(self, active: int, queued: int, moved: bool = False) -> None:
+        """Take Redis's counts; tell watchers and waiters if they (or a position) changed."""
+        active, queued = max(0, int(active)), max(0, int(queued))
+        if (active, queued) == (self.active, self.queued) and not moved:
+            return
+        self.active, self.queued = active, queued
+        self._forecasts.clear()
+        if self._change is not None and not self._change.done():
+            self._change.set_result(None)
+        for callback in self._watchers:
+            callback(self)
+
+
+def _new_id() -> str:
+    return os.urandom(9).hex()
+
+
+
+def _granted(future: asyncio.Future[RedisLease]) -> RedisLease | None:
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()
+    return None

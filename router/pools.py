@@ -1,0 +1,75 @@
+"""Building each backend's slot pool: local, or shared through Redis with its failover.
+
+The Redis client is imported only in `mode: redis` (it is the `redis` extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from policies.breaker import BreakerState, CircuitBreaker
+from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
+from policies.eta import HoldTimeEstimator
+from policies.slots import LocalSlotPool, SlotPool
+
+if TYPE_CHECKING:
+    from policies.redis_slots import RedisCoordinator
+
+log = logging.getLogger("slotgate")
+
+
+async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
+    """The process's Redis coordinator, its breaker logging every change of state.
+
+    Redis being down at startup does not stop the gateway: it serves by `on_redis_down`
+    and says so, and recovers by itself when Redis answers.
+    """
+    try:
+        from policies.redis_slots import RedisCoordinator
+    except ImportError:
+        raise RuntimeError("coordination.mode: redis needs the Redis client: "
+                           "pip install 'slotgate[redis]'") from None
+    assert config.url is not None
+    breaker = CircuitBreaker(config.breaker_failures, config.breaker_open_s, time.monotonic)
+    where = config.url.split("@")[-1]  # never the password
+    fallback = ("answering 503 + Retry-After" if config.on_redis_down is RedisDown.FAIL_CLOSED
+                else f"each process using a local share of the slots "
+                     f"(slots / {config.expected_replicas})")
+
+    def changed(state: BreakerState) -> None:
+        if state is BreakerState.OPEN:
+            log.warning("Redis at %s is unreachable: %s until it answers", where, fallback)
+        elif state is BreakerState.CLOSED:
+            log.warning("Redis at %s answers again: pools are shared again", where)
+
+    breaker.on_change = changed
+    coordinator = RedisCoordinator(config.url, config.key_prefix, config.call_timeout_s,
+                                   breaker)
+    from redis.exceptions import RedisError
+
+    try:
+        await coordinator.client.ping()
+        log.info("slot pools shared through Redis at %s (prefix %s)", where, config.key_prefix)
+    except (RedisError, OSError) as exc:  # say it, and serve per the setting
+        log.warning("Redis at %s is unreachable at startup (%s): %s until it answers",
+                    where, type(exc).__name__, fallback)
+    return coordinator
+
+
+def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
+              coordinator: RedisCoordinator | None) -> SlotPool:
+    estimator = HoldTimeEstimator(backend.initial_hold_s)
+    if config.mode is CoordinationMode.LOCAL or coordinator is None:
+        return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator)
+    from policies.failover import FailoverPool, local_share
+    from policies.redis_slots import RedisSlotPool
+
+    shared = RedisSlotPool(name, backend.slots, backend.queue_limit, estimator, coordinator,
+                           config.lease_ttl_s, config.recheck_s)
+    local = None
+    if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
+        local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
+                              backend.queue_limit, HoldTimeEstimator(backend.initial_hold_s))
+    return FailoverPool(shared, local)
