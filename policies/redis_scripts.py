@@ -10,21 +10,42 @@ in this order:
     KEYS[5]  fencing   counter     the last fencing token handed out
     KEYS[6]  granted   sorted set  lease id -> grant time (ms): lease ages, for ETAs
     KEYS[7]  tokens    hash        lease id -> its fencing token
+    KEYS[8]  version   counter     bumped by every change: replies and wake-ups carry it,
+                                   so a replica keeps the newest counts it has heard of
 
 Time is Redis's own (`TIME`), never a replica's clock. Every script first drops expired
 holders (a crashed replica's leases) and dead waiters (a crashed replica's tickets) and,
 if it dropped any, publishes a wake-up so live waiters re-check. A ticket that is granted
 becomes a lease with the same id.
+
+Messages on a pool's channel read `kind:version:holders:waiters`. `release`, `withdraw`
+and `expired` wake waiters (a slot may be theirs, or their place moved up); `grant` only
+tells the other replicas the new counts.
 """
 
 from __future__ import annotations
 
-KEY_NAMES = ("holders", "waiters", "alive", "seq", "fence", "granted", "tokens")
+KEY_NAMES = ("holders", "waiters", "alive", "seq", "fence", "granted", "tokens", "version")
+WAKING_KINDS = (b"release", b"withdraw", b"expired")
 
 _PRELUDE = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function state()
+  return {tonumber(redis.call('GET', KEYS[8]) or '0'), redis.call('ZCARD', KEYS[1]),
+          redis.call('ZCARD', KEYS[2])}
+end
+
+local function changed(kind, channel)
+  redis.call('INCR', KEYS[8])
+  local s = state()
+  if kind then
+    redis.call('PUBLISH', channel, kind .. ':' .. s[1] .. ':' .. s[2] .. ':' .. s[3])
+  end
+  return s
 end
 
 local function purge(now, channel)
@@ -40,7 +61,7 @@ local function purge(now, channel)
     redis.call('ZREM', KEYS[2], id)
   end
   if #expired + #dead > 0 then
-    redis.call('PUBLISH', channel, 'expired')
+    changed('expired', channel)
   end
 end
 
@@ -55,33 +76,34 @@ end
 
 # ACQUIRE: a free slot for a newcomer, only when nobody waits (newcomers never overtake).
 #   ARGV[1] capacity   ARGV[2] lease id   ARGV[3] ttl ms   ARGV[4] wake-up channel
-#   returns {token or 0, holders, waiters}
+#   returns {token or 0, version, holders, waiters}
 ACQUIRE = _PRELUDE + """
 local now = now_ms()
 purge(now, ARGV[4])
-local holders = redis.call('ZCARD', KEYS[1])
-local waiters = redis.call('ZCARD', KEYS[2])
-if holders < tonumber(ARGV[1]) and waiters == 0 then
-  return {grant(ARGV[2], now, tonumber(ARGV[3])), holders + 1, 0}
+local s = state()
+if s[2] < tonumber(ARGV[1]) and s[3] == 0 then
+  local token = grant(ARGV[2], now, tonumber(ARGV[3]))
+  s = changed(nil, ARGV[4])
+  return {token, s[1], s[2], s[3]}
 end
-return {0, holders, waiters}
+return {0, s[1], s[2], s[3]}
 """
 
 # ENQUEUE: a place at the end of the line, unless the line is full.
 #   ARGV[1] queue limit   ARGV[2] ticket id   ARGV[3] ttl ms   ARGV[4] wake-up channel
-#   returns {position (1 = next) or 0 when full, holders, waiters}
+#   returns {position (1 = next) or 0 when full, version, holders, waiters}
 ENQUEUE = _PRELUDE + """
 local now = now_ms()
 purge(now, ARGV[4])
-local waiters = redis.call('ZCARD', KEYS[2])
-local holders = redis.call('ZCARD', KEYS[1])
-if waiters >= tonumber(ARGV[1]) then
-  return {0, holders, waiters}
+local s = state()
+if s[3] >= tonumber(ARGV[1]) then
+  return {0, s[1], s[2], s[3]}
 end
 local seq = redis.call('INCR', KEYS[4])
 redis.call('ZADD', KEYS[2], seq, ARGV[2])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[2])
-return {waiters + 1, holders, waiters + 1}
+s = changed(nil, ARGV[4])
+return {s[3], s[1], s[2], s[3]}
 """
 
 # POLL: for each of one replica's tickets, grant it if its rank is below the free slots
@@ -89,13 +111,14 @@ return {waiters + 1, holders, waiters + 1}
 # heartbeat and report its position. A ticket already granted (a reply lost to a timeout)
 # is reported granted again, with its token.
 #   ARGV[1] capacity   ARGV[2] ttl ms   ARGV[3] wake-up channel   ARGV[4..] ticket ids
-#   returns {holders, waiters, now, {grant times...}, status1, value1, status2, value2, ...}
+#   returns {version, holders, waiters, now, {grant times...}, status1, value1, ...}
 #     status 1: granted, value = fencing token; 0: waiting, value = position; -1: gone
 POLL = _PRELUDE + """
 local now = now_ms()
 local cap, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 purge(now, ARGV[3])
 local out = {}
+local grants = 0
 for i = 4, #ARGV do
   local id = ARGV[i]
   local rank = redis.call('ZRANK', KEYS[2], id)
@@ -105,6 +128,7 @@ for i = 4, #ARGV do
       redis.call('ZREM', KEYS[3], id)
       table.insert(out, 1)
       table.insert(out, grant(id, now, ttl))
+      grants = grants + 1
     else
       redis.call('ZADD', KEYS[3], 'XX', now + ttl, id)
       table.insert(out, 0)
@@ -121,10 +145,14 @@ for i = 4, #ARGV do
     end
   end
 end
+local s = state()
+if grants > 0 then
+  s = changed('grant', ARGV[3])
+end
 local times = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
 local granted = {}
 for i = 2, #times, 2 do table.insert(granted, times[i]) end
-local head = {redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2]), now, granted}
+local head = {s[1], s[2], s[3], now, granted}
 for _, v in ipairs(out) do table.insert(head, v) end
 return head
 """
@@ -143,6 +171,7 @@ end
 purge(now, ARGV[4])
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) and redis.call('ZCARD', KEYS[2]) == 0 then
   grant(ARGV[1], now, tonumber(ARGV[2]))
+  changed('grant', ARGV[4])
   return 2
 end
 return 0
@@ -150,25 +179,27 @@ return 0
 
 # RELEASE: give a lease back (idempotent) and wake the waiters of every replica.
 #   ARGV[1] lease id   ARGV[2] wake-up channel
-#   returns 1 released, 0 not held (already released or expired)
-RELEASE = """
+#   returns {1 released or 0 not held (released already, or expired), version, holders, waiters}
+RELEASE = _PRELUDE + """
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('PUBLISH', ARGV[2], 'release')
-  return 1
+  local s = changed('release', ARGV[2])
+  return {1, s[1], s[2], s[3]}
 end
-return 0
+local s = state()
+return {0, s[1], s[2], s[3]}
 """
 
 # WITHDRAW: leave the line (idempotent); those behind move up, so wake them.
 #   ARGV[1] ticket id   ARGV[2] wake-up channel
-#   returns 1 left, 0 was not in line (granted, expired or gone)
-WITHDRAW = """
+#   returns {1 left or 0 not in line (granted, expired or gone), version, holders, waiters}
+WITHDRAW = _PRELUDE + """
 redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
-  redis.call('PUBLISH', ARGV[2], 'withdraw')
-  return 1
+  local s = changed('withdraw', ARGV[2])
+  return {1, s[1], s[2], s[3]}
 end
-return 0
+local s = state()
+return {0, s[1], s[2], s[3]}
 """

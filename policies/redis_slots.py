@@ -30,7 +30,16 @@ from redis.exceptions import RedisError
 
 from policies.breaker import BreakerState, CircuitBreaker
 from policies.eta import HoldTimeModel, predict_wait
-from policies.redis_scripts import ACQUIRE, ENQUEUE, KEY_NAMES, POLL, RELEASE, RENEW, WITHDRAW
+from policies.redis_scripts import (
+    ACQUIRE,
+    ENQUEUE,
+    KEY_NAMES,
+    POLL,
+    RELEASE,
+    RENEW,
+    WAKING_KINDS,
+    WITHDRAW,
+)
 from policies.slots import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueTimeout
 
 log = logging.getLogger("slotgate.redis")
@@ -87,9 +96,9 @@ class RedisCoordinator:
                 for pool in self.pools.values():
                     pool.wake()  # messages may have been lost while unsubscribed
                 async for message in pubsub.listen():
-                    woken = self.pools.get(message.get("channel", b""))
-                    if woken is not None:
-                        woken.wake()
+                    heard = self.pools.get(message.get("channel", b""))
+                    if heard is not None:
+                        heard.heard(message.get("data", b""))
             except (RedisError, OSError) as exc:
                 log.debug("redis wake-up subscription lost (%s); resubscribing", exc)
             finally:
@@ -219,8 +228,9 @@ class RedisSlotPool:
         self.keys = [f"{tag}:{key}" for key in KEY_NAMES]
         self.channel = f"{tag}:wake"
         coordinator.pools[self.channel.encode()] = self
-        self.active = 0  # as Redis said in its last reply to this process
+        self.active = 0  # as Redis last said, in a reply or a wake-up
         self.queued = 0
+        self.version = 0
         self._ages: list[float] = []
         self._ages_at = 0.0
         self._tickets: dict[str, RedisTicket] = {}
@@ -261,23 +271,23 @@ class RedisSlotPool:
     async def try_acquire(self) -> RedisLease | None:
         lease_id = _new_id()
         try:
-            token, active, queued = await self.coordinator.call(
+            token, version, active, queued = await self.coordinator.call(
                 "acquire", self.keys, [self.capacity, lease_id, self.ttl_ms, self.channel])
         except CoordinationError:
             self.coordinator.in_background(lambda: self.release_id(lease_id))  # it may exist
             raise
-        self._counts(active, queued)
+        self._state(version, active, queued)
         return RedisLease(self, lease_id, token) if token else None
 
     async def enqueue(self) -> RedisTicket | None:
         ticket_id = _new_id()
         try:
-            position, active, queued = await self.coordinator.call(
+            position, version, active, queued = await self.coordinator.call(
                 "enqueue", self.keys, [self.queue_limit, ticket_id, self.ttl_ms, self.channel])
         except CoordinationError:
             self.coordinator.in_background(lambda: self.withdraw_id(ticket_id))
             raise
-        self._counts(active, queued)
+        self._state(version, active, queued)
         if not position:
             return None
         ticket = RedisTicket(self, ticket_id, position)
@@ -286,6 +296,17 @@ class RedisSlotPool:
         return ticket
 
     # -- waiting --------------------------------------------------------------------------
+
+    def heard(self, message: bytes) -> None:
+        """A change announced on the pool's channel: `kind:version:holders:waiters`."""
+        try:
+            kind, version, active, queued = message.split(b":")
+            self._state(int(version), int(active), int(queued))
+        except ValueError:
+            log.debug("ignored a malformed wake-up on %s: %r", self.channel, message[:64])
+            return
+        if kind in WAKING_KINDS:
+            self.wake()
 
     def wake(self) -> None:
         """Something changed in Redis: waiters here re-check (one POLL for all of them)."""
@@ -314,12 +335,12 @@ class RedisSlotPool:
         reply = await self.coordinator.call(
             "poll", self.keys,
             [self.capacity, self.ttl_ms, self.channel, *(t.id for t in tickets)])
-        active, queued, now_ms, granted = reply[0], reply[1], int(reply[2]), reply[3]
-        self._ages = [(now_ms - float(g)) / 1000 for g in granted]
+        version, active, queued, now_ms, granted = reply[:5]
+        self._ages = [(int(now_ms) - float(g)) / 1000 for g in granted]
         self._ages_at = self.clock()
         moved = False
         for i, ticket in enumerate(tickets):
-            status, value = reply[4 + 2 * i], reply[5 + 2 * i]
+            status, value = reply[5 + 2 * i], reply[6 + 2 * i]
             if status == 1:
                 lease = RedisLease(self, ticket.id, value)
                 self._tickets.pop(ticket.id, None)
@@ -334,7 +355,7 @@ class RedisSlotPool:
                 self._tickets.pop(ticket.id, None)
                 if not ticket.future.done():
                     ticket.future.set_exception(CoordinationError("place in line expired"))
-        self._counts(active, queued, moved)
+        self._state(version, active, queued, moved)
 
     def _fail_if_open(self, exc: CoordinationError) -> None:
         """With the breaker open, waiting here is waiting for nothing: tell the waiters."""
@@ -362,20 +383,24 @@ class RedisSlotPool:
     async def _retried(self, script: str, item: str) -> int:
         for attempt in range(_RETRIES):
             try:
-                done: int = await self.coordinator.call(script, self.keys, [item, self.channel])
+                done, version, active, queued = await self.coordinator.call(
+                    script, self.keys, [item, self.channel])
             except CoordinationError:
                 await asyncio.sleep(self.recheck_s * (attempt + 1))  # retry backoff
                 continue
-            if done:
-                self._counts(self.active - (script == "release"),
-                             self.queued - (script == "withdraw"))
-            return done
+            self._state(version, active, queued)
+            return int(done)
         log.warning("%s of %s on %s failed; Redis expires it within %g s", script, item,
                     self.name, self.lease_ttl_s)
         return 0
 
-    def _counts(self, active: int, queued: int, moved: bool = False) -> None:
-        """Take Redis's counts; tell watchers and waiters if they (or a position) changed."""
+    def _state(self, version: int, active: int, queued: int, moved: bool = False) -> None:
+        """Take Redis's counts unless older than those already heard; tell watchers and
+        waiters if they (or a position here) changed."""
+        version = int(version)
+        if version < self.version:
+            active, queued = self.active, self.queued  # a late reply: keep the newer counts
+        self.version = max(self.version, version)
         active, queued = max(0, int(active)), max(0, int(queued))
         if (active, queued) == (self.active, self.queued) and not moved:
             return

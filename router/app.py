@@ -78,6 +78,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
             gw.metrics.watch(gw.pools[name])
             gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
+        if gw.coordinator is not None:
+            gw.coordinator.start()  # subscribes to the wake-ups of the pools just made
         gw.experiments = build_experiments(gw.config.experiments, gw.config.routes)
         arms = [arm.route for exp in gw.experiments.values() for arm in exp.arms]
         routes = [*gw.config.routes.values(), *arms]  # an arm may steer where its route does not
