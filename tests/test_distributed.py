@@ -1,0 +1,195 @@
+"""Several gateway processes sharing one backend's slots through a real redis-server.
+
+The backend is a simulated engine in this process (so its peak concurrency can be read);
+the gateways are `slotgate serve` processes, as an operator runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import redis.asyncio as aioredis
+import yaml
+from openai import AsyncOpenAI
+
+from policies.config import SimulatedSpec
+from router.simulated import RunningSim, start_simulator
+from tests.conftest import RedisServer
+
+SLOTGATE = str(Path(sys.executable).parent / "slotgate")
+MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
+WAITERS_KEY = "{slotgate:big}:waiters"
+
+
+class GatewayProcess:
+    """`slotgate serve --config FILE --port 0`, its URL read from its own log."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
+        self.proc = proc
+        self.url = url
+        assert proc.stdout is not None
+        self._drain = asyncio.create_task(proc.stdout.read())  # keep the pipe empty
+
+    @classmethod
+    async def start(cls, config: Path) -> GatewayProcess:
+        proc = await asyncio.create_subprocess_exec(
+            SLOTGATE, "serve", "--config", str(config), "--port", "0", cwd=config.parent,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        assert proc.stdout is not None
+        async with asyncio.timeout(30):
+            while b"listening on" not in (line := await proc.stdout.readline()):
+                assert line, "slotgate serve exited before listening"
+        return cls(proc, line.decode().split("listening on ")[1].split()[0])
+
+    def client(self) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=self.url + "/v1", api_key="sk-test", max_retries=0)
+
+    async def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        async with asyncio.timeout(30):
+            code = await self.proc.wait()
+            await self._drain
+        return code
+
+
+def write_config(folder: Path, sim: RunningSim, redis_url: str, **coordination: Any) -> Path:
+    raw = {
+        "backends": {"big": {"url": sim.url + "/v1", "model": "m", "slots": 3,
+                             "queue_limit": 9, "queue_timeout_s": 60}},
+        "routes": {"chat": {"primary": "big", "overflow": "reject"}},
+        "coordination": {"mode": "redis", "url": redis_url, **coordination},
+        "logging": {"access": False},
+    }
+    path = folder / "gateway.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+async def engine_sim() -> AsyncIterator[RunningSim]:
+    """A fast engine with room for many sequences: only the gateways limit it."""
+    sim = await start_simulator(
+        SimulatedSpec(max_num_seqs=256, ttft_s=0, tokens_per_s=0, output_tokens=4), "m")
+    try:
+        yield sim
+    finally:
+        await sim.close()
+
+
+@contextlib.asynccontextmanager
+async def line_joins(redis_url: str) -> AsyncIterator[asyncio.Queue[object]]:
+    """One item per ticket that joins the shared line (Redis keyspace notifications)."""
+    client = aioredis.Redis.from_url(redis_url)
+    await client.config_set("notify-keyspace-events", "Kz")
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(f"__keyspace@0__:{WAITERS_KEY}")
+    joins: asyncio.Queue[object] = asyncio.Queue()
+
+    async def listen() -> None:
+        async for message in pubsub.listen():
+            if message["data"] == b"zadd":
+                joins.put_nowait(message)
+
+    task = asyncio.create_task(listen())
+    try:
+        yield joins
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await client.aclose()
+
+
+async def test_three_replicas_keep_three_slots_and_one_line(
+    tmp_path: Path, redis_server: RedisServer, engine_sim: RunningSim
+) -> None:
+    sim = engine_sim.engine
+    sim.hold()  # nothing finishes unless its client leaves
+    config = write_config(tmp_path, engine_sim, redis_server.url)
+    gateways = [await GatewayProcess.start(config) for _ in range(3)]
+    clients = [g.client() for g in gateways]
+
+    def ask(i: int, request_id: str) -> asyncio.Task[Any]:
+        return asyncio.create_task(clients[i % 3].chat.completions.create(
+            model="chat", messages=MESSAGES, extra_headers={"X-Request-Id": request_id}))
+
+    try:
+        running = [ask(i, f"h{i}") for i in range(3)]
+        await sim.wait_until(lambda e: e.active == 3)
+        queued = []
+        async with line_joins(redis_server.url) as joins:
+            for i in range(9):  # one at a time, round robin: the arrival order is known
+                queued.append(ask(i, f"q{i}"))
+                async with asyncio.timeout(10):
+                    await joins.get()
+        # 10x the slots in all: the line is full, so every further request is a 429
+        extra = await asyncio.gather(*(ask(i, f"x{i}") for i in range(18)),
+                                     return_exceptions=True)
+        assert all(isinstance(r, openai.RateLimitError) for r in extra), extra
+        assert not any(r.startswith("x") for r in sim.records)
+        # Free one slot at a time (the oldest client leaves): the next in line starts,
+        # whichever replica it arrived at.
+        started: list[str] = []
+        for i in range(9):
+            running.pop(0).cancel()
+            await sim.wait_until(lambda e: len([r for r in e.records if r[0] == "q"])
+                                 > len(started))
+            new = [r for r in sim.records if r[0] == "q" and r not in started]
+            assert new == [f"q{i}"], (new, started)
+            started.append(new[0])
+            running.append(queued[i])
+        assert sim.peak == 3  # never more than the slots, across three processes
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+    finally:
+        codes = [await g.stop() for g in gateways]
+    assert codes == [0, 0, 0]
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert await client.zcard("{slotgate:big}:holders") == 0  # all released on the way out
+    finally:
+        await client.aclose()
+
+
+async def test_a_killed_replicas_slots_return_within_the_lease_ttl(
+    tmp_path: Path, redis_server: RedisServer, engine_sim: RunningSim
+) -> None:
+    ttl, recheck = 3.0, 0.5
+    sim = engine_sim.engine
+    sim.hold()
+    config = write_config(tmp_path, engine_sim, redis_server.url, lease_ttl_s=ttl,
+                          recheck_s=recheck)
+    doomed, survivor = await GatewayProcess.start(config), await GatewayProcess.start(config)
+    try:
+        holders = [asyncio.create_task(doomed.client().chat.completions.create(
+            model="chat", messages=MESSAGES)) for _ in range(3)]
+        await sim.wait_until(lambda e: e.active == 3)
+        async with line_joins(redis_server.url) as joins:
+            waiter = asyncio.create_task(survivor.client().chat.completions.create(
+                model="chat", messages=MESSAGES, extra_headers={"X-Request-Id": "waiter"}))
+            async with asyncio.timeout(10):
+                await joins.get()
+        loop = asyncio.get_running_loop()
+        await doomed.stop(signal.SIGKILL)  # no release, no goodbye: only the TTL frees them
+        killed_at = loop.time()
+        await sim.wait_until(lambda e: "waiter" in e.records, timeout=ttl * 4)
+        returned_s = loop.time() - killed_at
+        # the documented bound: TTL + renew interval + 1 s
+        assert returned_s <= ttl + ttl / 3 + 1.0, returned_s
+        sim.release()
+        assert (await waiter).choices
+        await asyncio.gather(*holders, return_exceptions=True)
+    finally:
+        await survivor.stop()
+        await doomed.stop(signal.SIGKILL)
