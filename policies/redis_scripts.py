@@ -11,7 +11,9 @@ in this order:
     KEYS[6]  granted   sorted set  lease id -> grant time (ms): lease ages, for ETAs
     KEYS[7]  tokens    hash        lease id -> its fencing token
     KEYS[8]  version   counter     bumped by every change: replies and wake-ups carry it,
-                                   so a replica keeps the newest counts it has heard of
+                                   so a replica keeps the newest counts it has heard of;
+                                   it starts at Redis's time in ms x 1000, so it still grows
+                                   across a restart that lost it
 
 Time is Redis's own (`TIME`), never a replica's clock. Every script first drops expired
 holders (a crashed replica's leases) and dead waiters (a crashed replica's tickets) and,
@@ -40,10 +42,14 @@ local function state()
 end
 
 local function changed(kind, channel)
+  if redis.call('EXISTS', KEYS[8]) == 0 then
+    -- a fresh (or restarted, empty) Redis: start above every version it gave before
+    redis.call('SET', KEYS[8], string.format('%.0f', now_ms() * 1000))
+  end
   redis.call('INCR', KEYS[8])
   local s = state()
   if kind then
-    redis.call('PUBLISH', channel, kind .. ':' .. s[1] .. ':' .. s[2] .. ':' .. s[3])
+    redis.call('PUBLISH', channel, string.format('%s:%.0f:%d:%d', kind, s[1], s[2], s[3]))
   end
   return s
 end
@@ -158,8 +164,8 @@ return head
 """
 
 # RENEW: extend a held lease. A lease that vanished (its holder was cut off past the TTL,
-# or Redis restarted empty) is taken again if a slot is free and nobody waits, since the
-# engine is still running it; otherwise it is lost.
+# or Redis restarted empty) is taken again if a slot is free, ahead of any waiter, since
+# the engine is still running it; if its slot was given to someone else, it is lost.
 #   ARGV[1] lease id   ARGV[2] ttl ms   ARGV[3] capacity   ARGV[4] wake-up channel
 #   returns 1 renewed, 2 re-registered, 0 lost
 RENEW = _PRELUDE + """
@@ -169,7 +175,7 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return 1
 end
 purge(now, ARGV[4])
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) and redis.call('ZCARD', KEYS[2]) == 0 then
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
   grant(ARGV[1], now, tonumber(ARGV[2]))
   changed('grant', ARGV[4])
   return 2

@@ -49,11 +49,17 @@ _RETRIES = 5  # background retries of a release or withdrawal by id
 class RedisCoordinator:
     """One per process: the client, the scripts, the breaker and the wake-up subscription."""
 
-    def __init__(self, url: str, prefix: str, call_timeout_s: float, breaker: CircuitBreaker
-                 ) -> None:
+    def __init__(self, url: str, prefix: str, call_timeout_s: float, breaker: CircuitBreaker,
+                 outage: str = "") -> None:
         self.prefix = prefix
         self.call_timeout_s = call_timeout_s
         self.breaker = breaker
+        self.where = url.split("@")[-1]  # never the password
+        self.outage = outage  # what the gateway does meanwhile, for the log
+        self.healthy = asyncio.Event()  # set while the breaker is closed
+        self.healthy.set()
+        breaker.on_change = self._breaker_changed
+        self._prober: asyncio.Task[None] | None = None
         self.client = aioredis.Redis.from_url(
             url, socket_timeout=call_timeout_s, socket_connect_timeout=call_timeout_s,
             retry_on_timeout=False, decode_responses=False)
@@ -73,9 +79,35 @@ class RedisCoordinator:
                 result = await self.scripts[script](keys=keys, args=args)
         except (RedisError, OSError, TimeoutError) as exc:
             self.breaker.failure()
+            log.debug("redis %s failed: %s: %s", script, type(exc).__name__, exc)
             raise CoordinationError(f"{type(exc).__name__}: {exc}") from None
         self.breaker.success()
         return result
+
+    def _breaker_changed(self, state: BreakerState) -> None:
+        if state is BreakerState.OPEN and self.healthy.is_set():
+            self.healthy.clear()
+            log.warning("Redis at %s is unreachable: %s until it answers", self.where,
+                        self.outage or "shared pools are unavailable")
+            if self._prober is None or self._prober.done():
+                self._prober = asyncio.create_task(self._probe_until_closed())
+        elif state is BreakerState.CLOSED and not self.healthy.is_set():
+            self.healthy.set()
+            log.warning("Redis at %s answers again: pools are shared again", self.where)
+
+    async def _probe_until_closed(self) -> None:
+        """Recovery needs no traffic: while the breaker is open, ping at each probe time."""
+        while self.breaker.state is not BreakerState.CLOSED:
+            await asyncio.sleep(max(self.breaker.retry_in_s(), 0.01))  # the probe schedule
+            if not self.breaker.allow():
+                continue
+            try:
+                async with asyncio.timeout(self.call_timeout_s):
+                    await self.client.ping()
+            except (RedisError, OSError, TimeoutError):
+                self.breaker.failure()
+            else:
+                self.breaker.success()
 
     def in_background(self, work: Callable[[], Any]) -> None:
         task = asyncio.ensure_future(work())
@@ -86,7 +118,11 @@ class RedisCoordinator:
         self._listener = asyncio.create_task(self._listen(), name="redis-wake-ups")
 
     async def _listen(self) -> None:
-        """Wake a pool's local waiters when any replica releases or leaves; reconnect on loss."""
+        """Wake a pool's local waiters when any replica releases or leaves; reconnect on loss.
+
+        Nothing stops this loop but cancellation: while it is down, pools re-check on
+        their own every `recheck_s`.
+        """
         backoff = 0.1
         while True:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
@@ -95,23 +131,27 @@ class RedisCoordinator:
                 backoff = 0.1
                 for pool in self.pools.values():
                     pool.wake()  # messages may have been lost while unsubscribed
-                async for message in pubsub.listen():
-                    heard = self.pools.get(message.get("channel", b""))
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    heard = self.pools.get(message["channel"]) if message else None
                     if heard is not None:
-                        heard.heard(message.get("data", b""))
+                        heard.heard(message["data"])
             except (RedisError, OSError) as exc:
                 log.debug("redis wake-up subscription lost (%s); resubscribing", exc)
+            except Exception:  # a bug here must not end wake-ups for good: log it, go on
+                log.exception("redis wake-up listener failed; resubscribing")
             finally:
-                with contextlib.suppress(RedisError, OSError):
+                with contextlib.suppress(RedisError, OSError, RuntimeError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(backoff)  # a reconnect backoff; pools re-check on their own
+            await asyncio.sleep(backoff)  # a reconnect backoff
             backoff = min(2.0, backoff * 2)
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+        for task in (self._listener, self._prober):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._background:
             await asyncio.wait(self._background, timeout=self.call_timeout_s * _RETRIES)
         await self.client.aclose()
@@ -151,14 +191,18 @@ class RedisLease:
 
     async def _renew(self) -> None:
         pool = self._pool
-        every = pool.lease_ttl_s / 3
+        every = period = pool.lease_ttl_s / 3
         while True:
-            await asyncio.sleep(every)  # the renewal period itself
+            await asyncio.sleep(period)  # the renewal period itself
             try:
                 state = await pool.coordinator.call(
                     "renew", pool.keys, [self.id, pool.ttl_ms, pool.capacity, pool.channel])
             except CoordinationError:
-                continue  # Redis is away: the engine still runs this; try again next period
+                # Redis is away; the engine still runs this. Try again soon, so that the
+                # lease is back in Redis shortly after Redis is.
+                period = min(every, pool.recheck_s)
+                continue
+            period = every
             if state == 0:
                 log.warning("lease %s on %s was lost (expired and its slot taken)",
                             self.id, pool.name)

@@ -9,7 +9,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from policies.breaker import BreakerState, CircuitBreaker
+from policies.breaker import CircuitBreaker
 from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
 from policies.eta import HoldTimeEstimator
 from policies.slots import LocalSlotPool, SlotPool
@@ -33,28 +33,22 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
                            "pip install 'slotgate[redis]'") from None
     assert config.url is not None
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_open_s, time.monotonic)
-    where = config.url.split("@")[-1]  # never the password
-    fallback = ("answering 503 + Retry-After" if config.on_redis_down is RedisDown.FAIL_CLOSED
-                else f"each process using a local share of the slots "
-                     f"(slots / {config.expected_replicas})")
-
-    def changed(state: BreakerState) -> None:
-        if state is BreakerState.OPEN:
-            log.warning("Redis at %s is unreachable: %s until it answers", where, fallback)
-        elif state is BreakerState.CLOSED:
-            log.warning("Redis at %s answers again: pools are shared again", where)
-
-    breaker.on_change = changed
+    outage = ("answering 503 + Retry-After" if config.on_redis_down is RedisDown.FAIL_CLOSED
+              else f"each process using a local share of the slots "
+                   f"(slots / {config.expected_replicas})")
     coordinator = RedisCoordinator(config.url, config.key_prefix, config.call_timeout_s,
-                                   breaker)
+                                   breaker, outage)
     from redis.exceptions import RedisError
 
     try:
         await coordinator.client.ping()
-        log.info("slot pools shared through Redis at %s (prefix %s)", where, config.key_prefix)
+        log.info("slot pools shared through Redis at %s (prefix %s)", coordinator.where,
+                 config.key_prefix)
     except (RedisError, OSError) as exc:  # say it, and serve per the setting
         log.warning("Redis at %s is unreachable at startup (%s): %s until it answers",
-                    where, type(exc).__name__, fallback)
+                    coordinator.where, type(exc).__name__, outage)
+        for _ in range(config.breaker_failures):
+            breaker.failure()  # open: the prober takes it from here
     return coordinator
 
 
