@@ -80,6 +80,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
         if gw.coordinator is not None:
             gw.coordinator.start()  # subscribes to the wake-ups of the pools just made
+            gw.metrics.watch_coordinator(gw.coordinator.healthy.is_set)
         gw.experiments = build_experiments(gw.config.experiments, gw.config.routes)
         arms = [arm.route for exp in gw.experiments.values() for arm in exp.arms]
         routes = [*gw.config.routes.values(), *arms]  # an arm may steer where its route does not

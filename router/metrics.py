@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from policies.slots import SlotPool
     from router.dispatch import RequestRecord
@@ -72,6 +72,10 @@ class Metrics:
         if child is None:
             child = self._cost[backend] = self.cost.labels(backend, currency)
         child.inc(amount)
+
+    def watch_coordinator(self, healthy: Callable[[], bool]) -> None:
+        Gauge("slotgate_redis_up", "1 while the shared pools' Redis answers (breaker closed)",
+              registry=self.registry).set_function(lambda: 1.0 if healthy() else 0.0)
 
     def watch_ledger(self, ledger: Ledger) -> None:
         Gauge("slotgate_ledger_pending_rows", "Ledger rows not yet written",

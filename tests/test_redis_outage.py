@@ -87,6 +87,7 @@ async def test_fail_closed_refuses_while_redis_is_away_and_recovers(
     with pytest.raises(openai.InternalServerError) as refused:
         await ask(gw)
     assert refused.value.body["code"] == "coordination_unavailable"  # type: ignore[index]
+    assert "slotgate_redis_up 0.0" in gw.gateway.metrics.exposition().decode()
     assert int(refused.value.response.headers["Retry-After"]) >= 1
     assert sim.peak == 2  # nothing was let through without a slot
 
@@ -96,6 +97,7 @@ async def test_fail_closed_refuses_while_redis_is_away_and_recovers(
     for stream in streams:  # the answers in flight kept their slots through the outage
         assert [chunk async for chunk in stream]
     await until_served(gw)
+    assert "slotgate_redis_up 1.0" in gw.gateway.metrics.exposition().decode()
     await assert_idle(gw)
 
 
