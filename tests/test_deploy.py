@@ -305,12 +305,16 @@ def test_k8s_runs_as_non_root_with_resources() -> None:
     assert int(uid) == pod["securityContext"]["runAsUser"]
 
 
-def test_k8s_stays_single_replica_until_redis_mode() -> None:
+def test_k8s_runs_several_replicas_only_with_shared_pools() -> None:
     docs = k8s_docs()
-    assert docs["Deployment"]["spec"]["replicas"] == 1
-    assert docs["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 1
+    config = yaml.safe_load(docs["ConfigMap"]["data"]["config.yaml"])
+    replicas = docs["Deployment"]["spec"]["replicas"]
+    most = docs["HorizontalPodAutoscaler"]["spec"]["maxReplicas"]
+    if max(replicas, most) > 1:  # else N replicas would let N x slots reach an engine
+        assert config["coordination"]["mode"] == "redis"
+        assert config["coordination"]["expected_replicas"] == replicas
     readme = (K8S / "README.md").read_text(encoding="utf-8")
-    assert "Redis coordination mode" in readme
+    assert "coordination.mode: redis" in readme
 
 
 # ---------------------------------------------------------------- metrics
