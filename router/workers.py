@@ -3,11 +3,13 @@
 The parent validates the config, reserves the port, starts the workers ("spawn": fresh
 interpreters that each run the ordinary single-process serve path), and supervises them:
 SIGINT or SIGTERM is passed on to every worker as SIGTERM; a worker that dies on its own
-stops the others and the parent exits 1. Workers are never restarted.
+stops the others and the parent exits 1. Workers are never restarted. A worker whose
+parent is gone (even killed with SIGKILL) stops by itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -98,18 +100,18 @@ class _Worker:
     index: int
     count: int
     process: BaseProcess
-    ready: Connection | None  # until the worker says it listens (or dies first)
+    link: Connection  # "listening" comes over it; EOF at the other end when one side dies
     listening: bool = False
     stopped: bool = False  # sent SIGTERM by us: dying of it is a clean stop
 
     @classmethod
     def start(cls, ctx: multiprocessing.context.SpawnContext, config: Config, host: str,
               port: int, level: str, index: int, count: int) -> _Worker:
-        ours, theirs = ctx.Pipe(duplex=False)
+        ours, theirs = ctx.Pipe()
         process = ctx.Process(target=run_worker, name=f"slotgate-worker-{index}",
                               args=(config, host, port, level, index, count, theirs))
         process.start()
-        theirs.close()  # the worker holds the only write end: EOF if it dies
+        theirs.close()  # only the worker holds its end now
         return cls(index, count, process, ours)
 
     def __str__(self) -> str:
@@ -124,7 +126,7 @@ class _Worker:
 def _supervise(workers: list[_Worker], wakeup: _Wakeup, hold: socket.socket, url: str) -> bool:
     """Wait for a stop signal (False) or a worker that exits on its own (True)."""
     while True:
-        waiting = [w.ready for w in workers if w.ready is not None]
+        waiting = [w.link for w in workers if not w.listening and not w.link.closed]
         sentinels = {w.process.sentinel: w for w in workers}
         ready = wait([wakeup.reader, *waiting, *sentinels])
         if wakeup.reader in ready:
@@ -132,13 +134,11 @@ def _supervise(workers: list[_Worker], wakeup: _Wakeup, hold: socket.socket, url
             log.info("slotgate: stopping %d workers", len(workers))
             return False
         for w in workers:
-            if w.ready is not None and w.ready in ready:
+            if w.link in ready:
                 try:
-                    w.listening = w.ready.recv()
-                except EOFError:
-                    pass  # it died before listening: its sentinel says so
-                w.ready.close()
-                w.ready = None
+                    w.listening = w.link.recv()
+                except EOFError:  # it died before listening: its sentinel says so
+                    w.link.close()
                 if all(w.listening for w in workers):
                     hold.close()  # every worker listens: the reservation is done
                     pids = ", ".join(str(w.process.pid) for w in workers)
@@ -164,10 +164,9 @@ def _stop(workers: list[_Worker], grace_s: float) -> bool:
             log.error("slotgate: %s did not stop within %g s; killing it", w, grace_s)
             w.process.kill()
             w.process.join()
-        if w.process.exitcode not in (0, -signal.SIGTERM if w.stopped else 0):
-            failed = True
-        if w.ready is not None:
-            w.ready.close()
+        clean = (0, -signal.SIGTERM) if w.stopped else (0,)  # SIGTERM'd while starting
+        failed = failed or w.process.exitcode not in clean
+        w.link.close()
     return failed
 
 
@@ -203,7 +202,7 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
 
 
 def run_worker(config: Config, host: str, port: int, level: str, index: int, count: int,
-               ready: Connection) -> None:
+               link: Connection) -> None:
     """One worker (in its own process): the single-process serve path on a shared port."""
     from router.cli import Closable, _run_until_signal
 
@@ -217,8 +216,14 @@ def run_worker(config: Config, host: str, port: int, level: str, index: int, cou
         from router.app import start_gateway
 
         running = await start_gateway(config, host, port, reuse_port=True)
-        ready.send(True)
-        ready.close()
+        link.send(True)
+        loop = asyncio.get_running_loop()
+
+        def parent_gone() -> None:  # EOF: stop as on SIGTERM (its handler is set by now)
+            loop.remove_reader(link.fileno())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        loop.add_reader(link.fileno(), parent_gone)
         return running
 
     sys.exit(_run_until_signal(start, f"{host}:{port}"))
