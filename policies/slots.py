@@ -271,6 +271,9 @@ class LocalSlotPool:
             return None
         ticket = LocalTicket(self, asyncio.get_running_loop().create_future())
         self._waiters[ticket] = None
+        if self.active < self.capacity:  # a free slot and an empty line: no release will come
+            self.active += 1
+            self._grant_next(self.clock())
         self._changed()
         return ticket
 
@@ -289,16 +292,19 @@ class LocalSlotPool:
         now = self.clock()
         self._leases.pop(lease, None)
         self.estimator.observe(now - lease._granted_at)
+        self._grant_next(now)
+        self._changed()
+
+    def _grant_next(self, now: float) -> None:
+        """Hand one slot (counted in `active`) to the oldest live waiter, else free it."""
         while self._waiters:
             ticket, _ = self._waiters.popitem(last=False)
             if not ticket._future.done():  # skip tickets cancelled but not yet gone
                 handed = LocalLease(self, now)
                 self._leases[handed] = now
                 ticket._future.set_result(handed)
-                self._changed()
                 return
         self.active -= 1
-        self._changed()
 
     def _changed(self) -> None:
         self._forecasts.clear()
