@@ -151,7 +151,7 @@ class Ledger:
                 await self._task
         try:
             await self.flush()
-        except Exception:
+        except Exception:  # any store's driver error: say how many rows are lost, then close
             log.exception("ledger: %d rows could not be written at shutdown", self.pending)
         finally:
             await self.store.close()
@@ -182,7 +182,7 @@ class Ledger:
             return
         try:
             removed = await self.store.purge(time.time() - self.retention_s)
-        except Exception as exc:
+        except Exception as exc:  # any store's driver error: purging waits for the next hour
             log.warning("ledger: retention purge failed (%s: %s)", type(exc).__name__, exc)
             return
         if removed:
