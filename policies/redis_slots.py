@@ -240,6 +240,7 @@ class RedisTicket:
         if self.left:
             return
         self.left = True
+        self.position = 0
         self._pool.forget(self)
         granted = _granted(self.future)
         if granted is not None:
@@ -388,6 +389,7 @@ class RedisSlotPool:
             if status == 1:
                 lease = RedisLease(self, ticket.id, value)
                 self._tickets.pop(ticket.id, None)
+                ticket.position = 0  # out of the line, as a local ticket says
                 if ticket.future.done():  # it left meanwhile: give the slot back
                     self.coordinator.in_background(lease.release)
                 else:
