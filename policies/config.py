@@ -287,6 +287,7 @@ class LedgerConfig(_Model):
 
     path: str | None = Field(default=None, min_length=1, max_length=4096)
     url: str | None = Field(default=None, pattern=r"^postgres(ql)?://", max_length=4096)
+    url_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # secret
     retention_days: float | None = Field(default=90, gt=0, le=36_500)  # None: keep all
     batch_rows: int = Field(default=500, ge=1, le=100_000)
     flush_interval_s: float = Field(default=0.5, gt=0, le=60)
@@ -294,12 +295,17 @@ class LedgerConfig(_Model):
 
     @model_validator(mode="after")
     def _one_place(self) -> Self:
-        if self.path is not None and self.url is not None:
-            raise ValueError("give 'path' (SQLite) or 'url' (PostgreSQL), not both")
+        if sum(x is not None for x in (self.path, self.url, self.url_env)) > 1:
+            raise ValueError("give one of 'path' (SQLite), 'url' or 'url_env' (PostgreSQL)")
         return self
 
     @property
+    def enabled(self) -> bool:
+        return self.path is not None or self.url is not None or self.url_env is not None
+
+    @property
     def target(self) -> str | None:
+        """The SQLite path or PostgreSQL URL, when given in the file (see `url_env`)."""
         return self.url or self.path
 
 
@@ -318,6 +324,7 @@ class RedisDown(enum.StrEnum):
 class CoordinationConfig(_Model):
     mode: CoordinationMode = CoordinationMode.LOCAL
     url: str | None = Field(default=None, pattern=r"^(rediss?|unix)://", max_length=4096)
+    url_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # secret
     key_prefix: str = Field(default="slotgate", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
     lease_ttl_s: float = Field(default=15.0, ge=1.0, le=600)  # renewed every ttl/3
     call_timeout_s: float = Field(default=0.5, gt=0, le=10)  # every Redis call
@@ -329,8 +336,11 @@ class CoordinationConfig(_Model):
 
     @model_validator(mode="after")
     def _url_for_redis(self) -> Self:
-        if self.mode is CoordinationMode.REDIS and self.url is None:
-            raise ValueError("mode 'redis' needs 'url' (redis://host:6379/0)")
+        if self.url is not None and self.url_env is not None:
+            raise ValueError("give 'url' or 'url_env', not both")
+        if self.mode is CoordinationMode.REDIS and self.url is None and self.url_env is None:
+            raise ValueError("mode 'redis' needs 'url' (redis://host:6379/0), or 'url_env' "
+                             "naming the environment variable that holds it")
         if self.recheck_s * 3 > self.lease_ttl_s:
             raise ValueError("recheck_s must be at most a third of lease_ttl_s "
                              "(it also keeps waiters alive)")

@@ -94,7 +94,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
 
             gw.classifier = load_default()
             gw.classifier.predict("warm up")  # the first prediction pays numpy's start-up
-        if gw.config.ledger.target is not None:
+        if gw.config.ledger.enabled:
             gw.ledger = open_ledger(gw.config.ledger)
             await gw.ledger.start()
             gw.metrics.watch_ledger(gw.ledger)

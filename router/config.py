@@ -6,6 +6,7 @@ Safe loading only; secrets are never read here (the config only names env vars).
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 import typing
@@ -279,3 +280,15 @@ def check_main(argv: list[str]) -> int:
         return 1
     print(f"{name}: OK ({len(config.backends)} backends, {len(config.routes)} routes)")
     return 0
+
+
+def from_env(value: str | None, env: str | None, key: str) -> str | None:
+    """A setting given in the file (`value`) or in the environment variable it names
+    (`env`, for secrets such as a DSN with a password); None when neither is set."""
+    if env is None:
+        return value
+    found = os.environ.get(env)
+    if not found:
+        raise ConfigError([ConfigProblem(key, f"environment variable {env} is not set", None)],
+                          "environment")
+    return found

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from policies.config import LedgerConfig
+from router.config import from_env
 from router.ledger import COLUMNS, Ledger, LedgerRow, RowFilter, Store, row_values
 
 T = TypeVar("T")
@@ -59,9 +60,10 @@ def where_clause(where: RowFilter, mark: Callable[[int], str]) -> tuple[str, lis
 
 def open_ledger(config: LedgerConfig) -> Ledger:
     """The configured ledger (not yet started)."""
-    assert config.target is not None, "no ledger configured"
+    target = from_env(config.target, config.url_env, "ledger.url_env")
+    assert target is not None, "no ledger configured"
     retention = config.retention_days * 86_400 if config.retention_days is not None else None
-    return Ledger(open_store(config.target), config.batch_rows, config.flush_interval_s,
+    return Ledger(open_store(target), config.batch_rows, config.flush_interval_s,
                   config.max_pending_rows, retention)
 
 

@@ -13,6 +13,7 @@ from policies.breaker import CircuitBreaker
 from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
 from policies.eta import HoldTimeEstimator
 from policies.slots import LocalSlotPool, SlotPool
+from router.config import from_env
 
 if TYPE_CHECKING:
     from policies.redis_slots import RedisCoordinator
@@ -31,12 +32,13 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
     except ImportError:
         raise RuntimeError("coordination.mode: redis needs the Redis client: "
                            "pip install 'slotgate[redis]'") from None
-    assert config.url is not None
+    url = from_env(config.url, config.url_env, "coordination.url_env")
+    assert url is not None
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_open_s, time.monotonic)
     outage = ("answering 503 + Retry-After" if config.on_redis_down is RedisDown.FAIL_CLOSED
               else f"each process using a local share of the slots "
                    f"(slots / {config.expected_replicas})")
-    coordinator = RedisCoordinator(config.url, config.key_prefix, config.call_timeout_s,
+    coordinator = RedisCoordinator(url, config.key_prefix, config.call_timeout_s,
                                    breaker, outage)
     from redis.exceptions import RedisError
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from router.config import ConfigError, load_config
+from router.config import ConfigError, from_env, load_config
 from router.ledger import LedgerRow, RowFilter
 from router.report import NONE_GROUP, build_report, parse_when
 from router.report_render import render_csv, render_html, render_json, render_text
@@ -91,9 +91,10 @@ def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
 def _ledger_and_currency(config_path: str | None, ledger: str | None) -> tuple[str, str]:
     try:
         config = load_config(config_path)
+        target = ledger or from_env(config.ledger.target, config.ledger.url_env,
+                                    "ledger.url_env")
     except ConfigError as exc:
         raise ReportError(str(exc)) from None
-    target = ledger or config.ledger.target
     if target is None:
         where = config_path or "the embedded config"
         raise ReportError(f"{where} configures no ledger (ledger.path or ledger.url); "

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from router.app import RunningGateway
+from router.config import ConfigError
 from router.ledger import LedgerRow, RowFilter
 from router.ledger_store import open_store
 from tests.conftest import (
@@ -208,3 +209,18 @@ async def test_retention_removes_old_rows_at_startup(
     await assert_idle(gw)
     rows = await rows_of(gw, ledger_target)
     assert [r.id for r in rows][:1] == ["recent"] and len(rows) == 2  # "old" is gone
+
+
+async def test_a_dsn_with_a_password_can_stay_out_of_the_file(
+    start: StartGateway, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLOTGATE_LEDGER_DSN", postgres_url)
+    raw = config(postgres_url)
+    raw["ledger"] = {"url_env": "SLOTGATE_LEDGER_DSN"}
+    gw = await start(raw)
+    await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES)
+    await assert_idle(gw)
+    assert [r.status for r in await rows_of(gw, postgres_url)] == [200]
+    monkeypatch.delenv("SLOTGATE_LEDGER_DSN")
+    with pytest.raises(ConfigError, match="SLOTGATE_LEDGER_DSN is not set"):
+        await start(raw)

@@ -168,3 +168,15 @@ async def test_startup_with_redis_down_follows_the_setting(
         await ask(gw)
     await redis_server.start()
     await until_served(gw)
+
+
+async def test_the_redis_url_can_come_from_the_environment(
+    start: StartGateway, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLOTGATE_REDIS_URL", redis_server.url)
+    raw = config(redis_server.url, "fail_closed")
+    raw["coordination"]["url_env"] = "SLOTGATE_REDIS_URL"
+    del raw["coordination"]["url"]
+    gw = await start(raw)
+    assert (await ask(gw)).choices
+    assert gw.gateway.coordinator is not None and gw.gateway.coordinator.healthy.is_set()
