@@ -25,6 +25,7 @@ class RejectReason(enum.StrEnum):
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
     UNAVAILABLE = "coordination_unavailable"  # the shared pool's Redis is away (fail_closed)
+    DRAINING = "draining"  # the gateway is shutting down: retry, another replica answers
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,14 @@ class RunningGateway:
         return self.app[GATEWAY]
 
     async def close(self) -> None:
+        """Drain (readiness fails; new and queued requests get 503 + Retry-After; running
+        ones finish, up to `server.shutdown_timeout_s`), then stop. The ledger is flushed."""
+        limit = self.gateway.config.server.shutdown_timeout_s
+        log.info("draining: not ready; new and queued requests get 503; waiting up to %g s "
+                 "for %d running", limit, self.gateway.running)
+        left = await self.gateway.drain(limit)
+        if left:
+            log.warning("shutdown: %d requests still running after %g s are cut", left, limit)
         await self.runner.cleanup()
 
 
@@ -174,7 +182,7 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
         app,
         handler_cancellation=True,  # a client that leaves cancels its handler: slot freed
         access_log=None,
-        shutdown_timeout=config.server.shutdown_timeout_s,
+        shutdown_timeout=1.0,  # after our own drain (RunningGateway.close)
     )
     await runner.setup()
     host = host if host is not None else config.server.host

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +141,11 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
                         time.time(), own, tenant=key_id(request))
     exchange = Exchange(request, gw, rec)
+    gw.enter()
     try:
+        if gw.draining:
+            raise exchange.rejection(RejectReason.DRAINING, gw.config.server.retry_after_min_s,
+                                     None)
         async with asyncio.timeout(gw.config.server.body_read_timeout_s):
             raw = await read_body(request, gw.config.server.max_body_bytes)
         parsed = exchange.parsed = parse_request(raw, endpoint)
@@ -172,6 +176,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.disconnect = rec.phase
         raise
     finally:
+        gw.leave()
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
         logs = gw.config.logging
@@ -298,9 +303,10 @@ class Exchange:
         timeout = self.gw.config.backends[pool.name].queue_timeout_s
         try:
             if movable is None:
-                lease = await ticket.wait(timeout)
+                waiting = ticket.wait(timeout)
             else:
-                lease = await self.wait_or_move(ticket, timeout, self.gw.offers[movable])
+                waiting = self.wait_or_move(ticket, timeout, self.gw.offers[movable])
+            lease = await self.unless_draining(waiting, pool.name)
         except QueueTimeout:
             raise self.rejection(RejectReason.QUEUE_TIMEOUT, self.retry_after([pool]),
                                  pool.name) from None
@@ -312,6 +318,23 @@ class Exchange:
             rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
             self.gw.metrics.queue_wait.labels(pool.name).observe(rec.queue_wait_ms / 1000)
         return lease
+
+    async def unless_draining(self, waiting: Awaitable[Lease], pool: str) -> Lease:
+        """A slot from `waiting`, unless the gateway starts draining first: then the
+        request leaves the line (passing on any slot it got) and is answered 503."""
+        task = asyncio.ensure_future(waiting)
+        either: set[asyncio.Future[Any]] = {task, self.gw.drain_signal()}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if task.cancelled():
+            raise self.rejection(RejectReason.DRAINING,
+                                 self.gw.config.server.retry_after_min_s, pool)
+        return task.result()
 
     async def wait_or_move(self, ticket: Ticket, limit_s: float, offers: MoveOffers) -> Lease:
         """Wait for the primary, or leave its queue the moment a fallback slot frees."""
@@ -361,6 +384,8 @@ class Exchange:
         try:
             while True:
                 position, now = ticket.position, time.perf_counter()
+                if position == 0:
+                    return  # granted (or gone): the waiter says so itself
                 eta = ticket.eta_s()
                 if (position != sent_position or now - sent_at >= every
                         or abs(eta - sent_eta) > max(1.0, 0.2 * sent_eta)):
@@ -434,11 +459,14 @@ class Exchange:
         soonest = min(pool.forecast(1) for pool in pools)
         return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
 
-    def rejection(self, reason: RejectReason, retry_s: int, backend: str) -> ApiError:
-        self.gw.metrics.rejections.labels(backend, reason.value).inc()
+    def rejection(self, reason: RejectReason, retry_s: int, backend: str | None) -> ApiError:
+        self.gw.metrics.rejections.labels(backend or "none", reason.value).inc()
         if reason is RejectReason.QUEUE_FULL:
             err = ApiError(429, "All slots and queues for this model are full; retry later.",
                            "rate_limit_error", reason.value)
+        elif reason is RejectReason.DRAINING:
+            err = ApiError(503, "The gateway is shutting down; retry (another replica will "
+                           "answer).", "server_error", reason.value)
         elif reason is RejectReason.UNAVAILABLE:
             err = ApiError(503, "The shared slot pool is unavailable (its Redis cannot be "
                            "reached); retry later.", "server_error", reason.value)

@@ -5,6 +5,8 @@ Built and torn down by `router.app`; read by the request path.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -44,8 +46,41 @@ class Gateway:
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
     ready: bool = False
+    draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After
+    running: int = 0  # requests inside the handler now
+    _drain: asyncio.Future[None] | None = None
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     metrics: Metrics = field(default_factory=Metrics)
+
+    def drain_signal(self) -> asyncio.Future[None]:
+        """Resolved when draining starts: queued requests stop waiting on it."""
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+        return self._drain
+
+    def enter(self) -> None:
+        self.running += 1
+
+    def leave(self) -> None:
+        self.running -= 1
+        if self.running == 0:
+            self._idle.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop admitting (readiness fails, new and queued requests get 503 + Retry-After)
+        and wait up to `timeout_s` for the requests already running; returns how many are
+        still running then."""
+        self.ready, self.draining = False, True
+        signal = self.drain_signal()
+        if not signal.done():
+            signal.set_result(None)
+        if self.running:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._idle.wait()
+        return self.running
 
     def record(self, rec: RequestRecord) -> None:
         self.recent.append(rec)

@@ -35,8 +35,22 @@ class GatewayProcess:
     def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
         self.proc = proc
         self.url = url
-        assert proc.stdout is not None
-        self._drain = asyncio.create_task(proc.stdout.read())  # keep the pipe empty
+        self.lines: list[bytes] = []
+        self._new_line = asyncio.Event()
+        self._drain = asyncio.create_task(self._read())  # keep the pipe empty
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            self.lines.append(line)
+            self._new_line.set()
+
+    async def said(self, text: bytes) -> None:
+        """Wait until the process logs a line containing `text`."""
+        async with asyncio.timeout(30):
+            while not any(text in line for line in self.lines):
+                self._new_line.clear()
+                await self._new_line.wait()
 
     @classmethod
     async def start(cls, config: Path) -> GatewayProcess:
