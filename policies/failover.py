@@ -69,9 +69,11 @@ class FailoverTicket:
 class FailoverPool:
     """A Redis-shared pool with a fallback for when Redis is unreachable."""
 
-    def __init__(self, shared: RedisSlotPool, local: LocalSlotPool | None) -> None:
+    def __init__(self, shared: RedisSlotPool, local: LocalSlotPool | None,
+                 expected_replicas: int = 1) -> None:
         self.shared = shared
         self.local = local  # None: fail closed
+        self.expected_replicas = expected_replicas
         self.name = shared.name
         self.capacity = shared.capacity
         self.queue_limit = shared.queue_limit
@@ -116,6 +118,12 @@ class FailoverPool:
                 undo()
 
         return stop
+
+    def resize(self, capacity: int, queue_limit: int) -> None:
+        self.capacity, self.queue_limit = capacity, queue_limit
+        self.shared.resize(capacity, queue_limit)
+        if self.local is not None:
+            self.local.resize(local_share(capacity, self.expected_replicas), queue_limit)
 
     async def try_acquire(self) -> Lease | None:
         try:

@@ -313,6 +313,12 @@ class RedisSlotPool:
         self._watchers.append(callback)
         return lambda: self._watchers.remove(callback)
 
+    def resize(self, capacity: int, queue_limit: int) -> None:
+        """New limits, passed to every script from now on; waiters here re-check."""
+        self.capacity, self.queue_limit = capacity, queue_limit
+        self._forecasts.clear()
+        self.wake()
+
     async def try_acquire(self) -> RedisLease | None:
         lease_id = _new_id()
         try:

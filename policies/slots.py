@@ -103,6 +103,8 @@ class SlotPool(Protocol):
 
     async def enqueue(self) -> Ticket | None: ...  # a ticket, or None when the queue is full
 
+    def resize(self, capacity: int, queue_limit: int) -> None: ...  # for new admissions
+
 
 Clock = Callable[[], float]
 FORECAST_TTL_S = 0.25
@@ -249,6 +251,15 @@ class LocalSlotPool:
         """Call `callback(pool)` after every change of active or queued; returns an unwatch."""
         self._watchers.append(callback)
         return lambda: self._watchers.remove(callback)
+
+    def resize(self, capacity: int, queue_limit: int) -> None:
+        """New limits for new admissions. Leases held stay valid (a smaller pool admits
+        no one until enough are released); a larger one serves its waiters at once."""
+        self.capacity, self.queue_limit = capacity, queue_limit
+        while self.active < self.capacity and self._waiters:
+            self.active += 1
+            self._grant_next(self.clock())
+        self._changed()
 
     async def try_acquire(self) -> LocalLease | None:
         return self.acquire_nowait()

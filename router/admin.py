@@ -17,6 +17,23 @@ _MAX_TEXT = 256
 
 def setup(app: web.Application) -> None:
     app.router.add_get("/admin/report", report)
+    app.router.add_post("/admin/reload", reload)
+
+
+async def reload(request: web.Request) -> web.Response:
+    """Re-read the config file: 200 with what changed, or 400 with every problem (the
+    running config is kept)."""
+    from router.reload import ReloadRefused, reload_file
+
+    gw = request.app[GATEWAY]
+    try:
+        changes = await reload_file(gw, gw.config_path)
+    except ReloadRefused as exc:
+        err = ApiError(400, "The config was not reloaded: " + "; ".join(exc.problems),
+                       code="reload_refused")
+        return err.response()
+    return web.Response(body=orjson.dumps({"reloaded": True, "changes": changes}),
+                        content_type="application/json")
 
 
 async def report(request: web.Request) -> web.Response:

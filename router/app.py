@@ -10,22 +10,17 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from policies.config import Config, CoordinationMode, FallbackWhen
-from policies.experiments import build_experiments
-from policies.handover import MoveOffers
-from policies.pricing import SlotTimeModel
+from policies.config import Config, CoordinationMode
 from router import admin, dispatch, pages
+from router.assembly import add_backend, wire_routes
 from router.gateway import GATEWAY, Gateway
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError
-from router.pools import make_pool, start_coordinator
-from router.proxy import Upstream
-from router.simulated import start_simulator
+from router.pools import start_coordinator
 
 log = logging.getLogger("slotgate")
 
@@ -60,40 +55,11 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         if gw.config.coordination.mode is CoordinationMode.REDIS:
             gw.coordinator = await start_coordinator(gw.config.coordination)
         for name, backend in gw.config.backends.items():
-            if backend.simulated is not None:
-                sim = await start_simulator(backend.simulated, backend.model)
-                gw.simulators[name] = sim
-                base_url = sim.url + "/v1"
-            else:
-                base_url = str(backend.url).rstrip("/")
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=backend.connect_timeout_s
-                ),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
-            gw.upstreams[name] = Upstream(name, backend, base_url, session)
-            gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
-            gw.metrics.watch(gw.pools[name])
-            gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
+            await add_backend(gw, name, backend)
         if gw.coordinator is not None:
             gw.coordinator.start()  # subscribes to the wake-ups of the pools just made
             gw.metrics.watch_coordinator(gw.coordinator.healthy.is_set)
-        gw.experiments = build_experiments(gw.config.experiments, gw.config.routes)
-        arms = [arm.route for exp in gw.experiments.values() for arm in exp.arms]
-        routes = [*gw.config.routes.values(), *arms]  # an arm may steer where its route does not
-        steering = [r for r in routes if r.fallback.when is not FallbackWhen.NEVER]
-        for route in steering:
-            for name in route.fallbacks:
-                if name not in gw.offers:
-                    gw.offers[name] = MoveOffers(gw.pools[name])
-        if steering:
-            from classifier.model import load_default  # scikit-learn: only when needed
-
-            gw.classifier = load_default()
-            gw.classifier.predict("warm up")  # the first prediction pays numpy's start-up
+        wire_routes(gw)
         if gw.config.ledger.enabled:
             gw.ledger = open_ledger(gw.config.ledger)
             await gw.ledger.start()
@@ -162,6 +128,16 @@ class RunningGateway:
     def gateway(self) -> Gateway:
         return self.app[GATEWAY]
 
+    async def reload(self) -> None:
+        """Re-read the config file it was started with; log what changed or why not."""
+        from router.reload import ReloadRefused, reload_file
+
+        try:
+            await reload_file(self.gateway, self.gateway.config_path)
+        except ReloadRefused as exc:
+            log.warning("config reload refused, the running config is kept:\n  %s",
+                        "\n  ".join(exc.problems))
+
     async def close(self) -> None:
         """Drain (readiness fails; new and queued requests get 503 + Retry-After; running
         ones finish, up to `server.shutdown_timeout_s`), then stop. The ledger is flushed."""
@@ -175,9 +151,12 @@ class RunningGateway:
 
 
 async def start_gateway(config: Config, host: str | None = None, port: int | None = None,
-                        *, reuse_port: bool = False) -> RunningGateway:
-    """Serve `config` on host:port (port 0 picks a free one) until `close()`."""
+                        *, reuse_port: bool = False, config_path: str | None = None
+                        ) -> RunningGateway:
+    """Serve `config` on host:port (port 0 picks a free one) until `close()`.
+    `config_path` is where a reload reads it again (None: the embedded config)."""
     app = create_app(config)
+    app[GATEWAY].config_path = config_path
     runner = web.AppRunner(
         app,
         handler_cancellation=True,  # a client that leaves cancels its handler: slot freed

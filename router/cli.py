@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("loadtest", help="drive a mixed workload (A/B: fallback off vs on)",
                    add_help=False)
     sub.add_parser("report", help="cost and wait report from the ledger", add_help=False)
+    reload = sub.add_parser("reload", help="make a running gateway re-read its config file "
+                            "(as SIGHUP does); prints what changed, or every problem")
+    reload.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway")
     sub.add_parser("classifier", help="train | eval the intent classifier", add_help=False)
     config = sub.add_parser("config", help="config tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_main(argv[2:])
 
     args = parser.parse_args(argv)
+    if args.command == "reload":
+        return _reload(args.url)
     if args.command == "serve":
         return _serve(args.config, args.host, args.port, args.log_level, args.workers)
     parser.print_help()
@@ -88,14 +93,36 @@ def _serve(path: str | None, host: str | None, port: int | None, level: str,
     if workers > 1:
         from router.workers import serve_workers
 
-        return serve_workers(config, host, port, level, workers)
+        return serve_workers(config, host, port, level, workers, path)
 
     async def start() -> Closable:
         from router.app import start_gateway
 
-        return await start_gateway(config, host, port)
+        return await start_gateway(config, host, port, config_path=path)
 
     return _run_until_signal(start, f"{host or config.server.host}:{port or config.server.port}")
+
+
+def _reload(url: str) -> int:
+    """POST /admin/reload: 0 reloaded, 1 refused (the running config is kept) or no answer."""
+    import urllib.error
+    import urllib.request
+
+    import orjson
+
+    request = urllib.request.Request(url.rstrip("/") + "/admin/reload", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            changes = orjson.loads(resp.read())["changes"]
+    except urllib.error.HTTPError as exc:
+        print(f"slotgate reload: {orjson.loads(exc.read())['error']['message']}",
+              file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"slotgate reload: {url}: {exc}", file=sys.stderr)
+        return 1
+    print("reloaded: " + ("; ".join(changes) or "no change"))
+    return 0
 
 
 # CLI flag -> SimulatedSpec field; flags left out keep the spec's defaults.
@@ -140,6 +167,11 @@ class Closable(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class Reloadable(Closable, Protocol):
+    async def reload(self) -> None: ...
+
+
 def _run_until_signal(start: Callable[[], Awaitable[Closable]], where: str) -> int:
     """Start a server on uvloop (when installed), serve until SIGINT or SIGTERM, close it."""
 
@@ -149,6 +181,14 @@ def _run_until_signal(start: Callable[[], Awaitable[Closable]], where: str) -> i
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[None]] = set()
+        if isinstance(running, Reloadable):  # SIGHUP: reload the config file
+            def reload() -> None:
+                task = asyncio.ensure_future(running.reload())
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
+
+            loop.add_signal_handler(signal.SIGHUP, reload)
         try:
             await stop.wait()
         finally:

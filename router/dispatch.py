@@ -25,7 +25,7 @@ from aiohttp import web
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
-from policies.config import FallbackWhen, Overflow, RouteConfig
+from policies.config import Config, FallbackWhen, Overflow, RouteConfig
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
@@ -137,20 +137,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gw = request.app[GATEWAY]
+    config = gw.config  # one config for the whole request, whatever a reload does meanwhile
     own = os.urandom(12).hex()
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
                         time.time(), own, tenant=key_id(request))
-    exchange = Exchange(request, gw, rec)
+    exchange = Exchange(request, gw, rec, config)
     gw.enter()
     try:
         if gw.draining:
-            raise exchange.rejection(RejectReason.DRAINING, gw.config.server.retry_after_min_s,
+            raise exchange.rejection(RejectReason.DRAINING, config.server.retry_after_min_s,
                                      None)
-        async with asyncio.timeout(gw.config.server.body_read_timeout_s):
-            raw = await read_body(request, gw.config.server.max_body_bytes)
+        async with asyncio.timeout(config.server.body_read_timeout_s):
+            raw = await read_body(request, config.server.max_body_bytes)
         parsed = exchange.parsed = parse_request(raw, endpoint)
         rec.stream = parsed.stream
-        route = gw.config.routes.get(parsed.model)
+        route = config.routes.get(parsed.model)
         if route is None:
             raise ApiError(404, f"The model '{parsed.model}' does not exist.",
                            code="model_not_found", param="model")
@@ -179,7 +180,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         gw.leave()
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
-        logs = gw.config.logging
+        logs = config.logging
         if logs.access and log.isEnabledFor(logging.INFO):
             if logs.content and exchange.parsed is not None:  # the operator asked for it
                 line = {**orjson.loads(orjson.dumps(rec)),
@@ -192,11 +193,13 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 class Exchange:
     """The state of one request while it is admitted, queued and forwarded."""
 
-    __slots__ = ("facts", "gw", "parsed", "rec", "request", "response")
+    __slots__ = ("config", "facts", "gw", "parsed", "rec", "request", "response")
 
-    def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord) -> None:
+    def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
+                 config: Config) -> None:
         self.request = request
         self.gw = gw
+        self.config = config
         self.rec = rec
         self.response: web.StreamResponse | None = None  # set once SSE headers went out
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
@@ -220,7 +223,7 @@ class Exchange:
     async def admit(self, parsed: ParsedRequest, route: RouteConfig) -> Lease:
         """Route -> admit -> (steer to a fallback) -> take a slot or a place in line."""
         gw, rec = self.gw, self.rec
-        server = gw.config.server
+        server = self.config.server
         primary = gw.pools[route.primary]
         fallbacks = [gw.pools[name] for name in route.fallbacks]
         for _ in range(_ADMIT_ATTEMPTS):
@@ -264,7 +267,7 @@ class Exchange:
             return forwarding.result()
         err = ApiError(503, "This request's slot lease was lost (the gateway could not renew "
                        "it in Redis within its TTL); retry.", "server_error", "slot_lost")
-        err.headers["Retry-After"] = str(self.gw.config.server.retry_after_min_s)
+        err.headers["Retry-After"] = str(self.config.server.retry_after_min_s)
         raise err
 
     def steer(self, parsed: ParsedRequest, route: RouteConfig) -> Move | Stay:
@@ -282,7 +285,7 @@ class Exchange:
             )
             rec.intent, rec.p_simple = self.facts.intent, round(self.facts.p_simple, 4)
         candidates = [
-            Candidate(gw.pools[name].snapshot(), gw.config.backends[name].context_window)
+            Candidate(gw.pools[name].snapshot(), self.config.backends[name].context_window)
             for name in route.fallbacks
         ]
         return steer(self.facts, gw.pools[route.primary].snapshot(), candidates, route.fallback)
@@ -300,7 +303,7 @@ class Exchange:
                 await ticket.withdraw()
                 raise
             heartbeat = asyncio.create_task(self.report_queue(ticket, pool, parsed))
-        timeout = self.gw.config.backends[pool.name].queue_timeout_s
+        timeout = self.config.backends[pool.name].queue_timeout_s
         try:
             if movable is None:
                 waiting = ticket.wait(timeout)
@@ -333,7 +336,7 @@ class Exchange:
                     await task
         if task.cancelled():
             raise self.rejection(RejectReason.DRAINING,
-                                 self.gw.config.server.retry_after_min_s, pool)
+                                 self.config.server.retry_after_min_s, pool)
         return task.result()
 
     async def wait_or_move(self, ticket: Ticket, limit_s: float, offers: MoveOffers) -> Lease:
@@ -379,7 +382,7 @@ class Exchange:
         """
         assert self.response is not None
         events = self.wants_events(parsed)
-        every = self.gw.config.server.queue_heartbeat_s
+        every = self.config.server.queue_heartbeat_s
         sent_position, sent_eta, sent_at = 0, 0.0, 0.0
         try:
             while True:
@@ -413,7 +416,7 @@ class Exchange:
                 strip_usage=parsed.stream and not parsed.wants_usage,
                 request_id=rec.request_id, response=self.response,
                 extra_headers=self.headers(),
-                max_response_bytes=gw.config.server.max_response_bytes, relay=relay,
+                max_response_bytes=self.config.server.max_response_bytes, relay=relay,
                 preamble=preamble,
             )
             rec.phase = Phase.DONE
@@ -455,7 +458,7 @@ class Exchange:
 
     def retry_after(self, pools: Sequence[SlotPool]) -> int:
         """Whole seconds until the first of `pools` is expected to take a request again."""
-        server = self.gw.config.server
+        server = self.config.server
         soonest = min(pool.forecast(1) for pool in pools)
         return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
 

@@ -45,6 +45,7 @@ class Gateway:
     ledger: Ledger | None = None
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
+    config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After
     running: int = 0  # requests inside the handler now

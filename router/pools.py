@@ -68,4 +68,4 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
                               backend.queue_limit, HoldTimeEstimator(backend.initial_hold_s))
-    return FailoverPool(shared, local)
+    return FailoverPool(shared, local, config.expected_replicas)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -57,7 +57,11 @@ class Upstream:
     name: str
     config: BackendConfig
     base_url: str  # the OpenAI base, ending in /v1
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession  # kept across config reloads: one pool of connections
+    timeout: aiohttp.ClientTimeout = field(init=False)  # per request: follows the config
+
+    def __post_init__(self) -> None:
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
 
     def url(self, endpoint: Endpoint) -> str:
         return self.base_url + endpoint.value.removeprefix("/v1")
@@ -133,7 +137,8 @@ async def forward(
     done = False
     try:
         async with deadline:
-            up = await upstream.session.post(upstream.url(endpoint), data=body, headers=headers)
+            up = await upstream.session.post(upstream.url(endpoint), data=body, headers=headers,
+                                             timeout=upstream.timeout)
             relay.status = up.status
             if up.status != 200:
                 raise await _upstream_error(up, upstream.name)

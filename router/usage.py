@@ -26,13 +26,14 @@ def ledger_row(rec: RequestRecord, config: Config,
     prompt = rec.prompt_tokens or 0
     completion = rec.completion_tokens or 0
     cost = counterfactual = 0.0
-    if rec.backend is not None and rec.slot_at is not None:  # it held a slot
-        backend = config.backends[rec.backend]
+    # .get: a reload may have removed the backend while the request ran (then: unpriced)
+    backend = config.backends.get(rec.backend) if rec.backend is not None else None
+    if backend is not None and rec.slot_at is not None:  # it held a slot
         cost = request_cost(backend.price, backend.slots, prompt, completion, rec.slot_ms / 1000)
+        primary = config.backends.get(rec.primary) if rec.primary is not None else None
         if rec.primary == rec.backend:
             counterfactual = cost
-        elif rec.primary is not None:
-            primary = config.backends[rec.primary]
+        elif primary is not None and rec.primary is not None:
             model = slot_time.get(rec.primary)
             slot_s = model.predict(completion) if model else primary.initial_hold_s
             counterfactual = request_cost(primary.price, primary.slots, prompt, completion,

@@ -47,8 +47,9 @@ def refusal(config: Config, count: int) -> str | None:
 
 
 def serve_workers(config: Config, host: str | None, port: int | None, level: str,
-                  count: int) -> int:
-    """Run `count` workers until SIGINT or SIGTERM: 0 when all stop cleanly, else 1 or 2."""
+                  count: int, path: str | None = None) -> int:
+    """Run `count` workers until SIGINT or SIGTERM: 0 when all stop cleanly, else 1 or 2.
+    SIGHUP is passed on: each worker reloads `path` (None: the embedded config)."""
     reason = refusal(config, count)
     if reason is not None:
         print(reason, file=sys.stderr)
@@ -73,7 +74,8 @@ def serve_workers(config: Config, host: str | None, port: int | None, level: str
     with hold, _Wakeup() as wakeup:
         try:
             for index in range(1, count + 1):
-                workers.append(_Worker.start(ctx, config, host, port, level, index, count))
+                workers.append(_Worker.start(ctx, config, host, port, level, index, count,
+                                             path))
             failed = _supervise(workers, wakeup, hold, f"http://{host}:{port}")
         finally:  # also when starting one failed: never leave a worker behind
             stop_failed = _stop(workers, config.server.shutdown_timeout_s + STOP_GRACE_S)
@@ -106,10 +108,10 @@ class _Worker:
 
     @classmethod
     def start(cls, ctx: multiprocessing.context.SpawnContext, config: Config, host: str,
-              port: int, level: str, index: int, count: int) -> _Worker:
+              port: int, level: str, index: int, count: int, path: str | None) -> _Worker:
         ours, theirs = ctx.Pipe()
         process = ctx.Process(target=run_worker, name=f"slotgate-worker-{index}",
-                              args=(config, host, port, level, index, count, theirs))
+                              args=(config, host, port, level, index, count, theirs, path))
         process.start()
         theirs.close()  # only the worker holds its end now
         return cls(index, count, process, ours)
@@ -130,7 +132,12 @@ def _supervise(workers: list[_Worker], wakeup: _Wakeup, hold: socket.socket, url
         sentinels = {w.process.sentinel: w for w in workers}
         ready = wait([wakeup.reader, *waiting, *sentinels])
         if wakeup.reader in ready:
-            wakeup.drain()
+            if wakeup.drain() == {signal.SIGHUP}:
+                log.info("slotgate: reloading the config in %d workers", len(workers))
+                for w in workers:
+                    if w.process.pid is not None and w.process.exitcode is None:
+                        os.kill(w.process.pid, signal.SIGHUP)
+                continue
             log.info("slotgate: stopping %d workers", len(workers))
             return False
         for w in workers:
@@ -180,7 +187,8 @@ class _Wakeup:
 
     def __enter__(self) -> _Wakeup:
         self._old_fd = signal.set_wakeup_fd(self._writer.fileno())
-        self._old = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self._old = {sig: signal.signal(sig, _ignore)
+                     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -190,11 +198,12 @@ class _Wakeup:
         self.reader.close()
         self._writer.close()
 
-    def drain(self) -> None:
+    def drain(self) -> set[int]:
+        """The signals that arrived (the wake-up fd carries one byte per signal number)."""
         try:
-            self.reader.recv(4096)
+            return set(self.reader.recv(4096))
         except BlockingIOError:
-            pass
+            return set()
 
 
 def _ignore(sig: int, frame: FrameType | None) -> None:
@@ -202,7 +211,7 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
 
 
 def run_worker(config: Config, host: str, port: int, level: str, index: int, count: int,
-               link: Connection) -> None:
+               link: Connection, path: str | None = None) -> None:
     """One worker (in its own process): the single-process serve path on a shared port."""
     from router.cli import Closable, _run_until_signal
 
@@ -215,7 +224,7 @@ def run_worker(config: Config, host: str, port: int, level: str, index: int, cou
     async def start() -> Closable:
         from router.app import start_gateway
 
-        running = await start_gateway(config, host, port, reuse_port=True)
+        running = await start_gateway(config, host, port, reuse_port=True, config_path=path)
         link.send(True)
         loop = asyncio.get_running_loop()
 

@@ -1,0 +1,56 @@
+"""Putting a gateway together from its config: each backend's engine session, pool and
+simulator, then what the routes need (experiments, move offers, the classifier).
+
+Used at startup and again by a config reload, which adds only what is new.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from policies.config import BackendConfig, FallbackWhen
+from policies.experiments import build_experiments
+from policies.handover import MoveOffers
+from policies.pricing import SlotTimeModel
+from router.gateway import Gateway
+from router.pools import make_pool
+from router.proxy import Upstream
+from router.simulated import start_simulator
+
+
+async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
+    """The engine (or simulator) session, the slot pool and the holding-time model."""
+    if backend.simulated is not None:
+        sim = await start_simulator(backend.simulated, backend.model)
+        gw.simulators[name] = sim
+        base_url = sim.url + "/v1"
+    else:
+        base_url = str(backend.url).rstrip("/")
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+        timeout=aiohttp.ClientTimeout(total=None),  # each request sets its own (Upstream)
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+    )
+    gw.upstreams[name] = Upstream(name, backend, base_url, session)
+    gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
+    gw.metrics.watch(gw.pools[name])
+    gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
+
+
+def wire_routes(gw: Gateway) -> None:
+    """Experiments, move offers on every fallback a steering route (or arm) may use, and
+    the intent classifier when anything steers."""
+    gw.experiments = build_experiments(gw.config.experiments, gw.config.routes)
+    arms = [arm.route for exp in gw.experiments.values() for arm in exp.arms]
+    routes = [*gw.config.routes.values(), *arms]  # an arm may steer where its route does not
+    steering = [r for r in routes if r.fallback.when is not FallbackWhen.NEVER]
+    for route in steering:
+        for name in route.fallbacks:
+            if name not in gw.offers:
+                gw.offers[name] = MoveOffers(gw.pools[name])
+    if steering and gw.classifier is None:
+        from classifier.model import load_default  # scikit-learn: only when needed
+
+        gw.classifier = load_default()
+        gw.classifier.predict("warm up")  # the first prediction pays numpy's start-up

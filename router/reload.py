@@ -1,0 +1,85 @@
+"""Config reload without dropping anything (SIGHUP, `slotgate reload`, POST /admin/reload).
+
+A valid config is swapped in at once: new requests see its routes, limits, prices and
+experiments; requests already running keep the config they started with, and leases
+already held stay valid (a pool made smaller admits no one until enough are released).
+Backends can be added and changed (URL, model, limits, timeouts, price); a removed
+backend stays idle until the next restart. What a running process cannot change (where
+it listens, the pools' coordination, the ledger, a simulated engine) refuses the whole
+reload, as does an invalid file: the old config is kept and the errors are returned.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from policies.config import Config
+from router.assembly import add_backend, wire_routes
+from router.config import ConfigError, load_config
+from router.gateway import Gateway
+from router.proxy import Upstream
+
+log = logging.getLogger("slotgate")
+
+
+class ReloadRefused(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def restart_only(old: Config, new: Config) -> list[str]:
+    """The changes a reload cannot apply, each as a sentence."""
+    problems = []
+    if (old.server.host, old.server.port) != (new.server.host, new.server.port):
+        problems.append("server.host and server.port change only with a restart")
+    if old.coordination != new.coordination:
+        problems.append("coordination changes only with a restart")
+    if old.ledger != new.ledger:
+        problems.append("ledger changes only with a restart")
+    for name, backend in new.backends.items():
+        before = old.backends.get(name)
+        if before is not None and before.simulated != backend.simulated:
+            problems.append(f"backends.{name}: a simulated engine changes only with a restart")
+    return problems
+
+
+async def reload_file(gw: Gateway, path: str | Path | None) -> list[str]:
+    """Reload from `path` (the embedded config when None); returns what changed."""
+    try:
+        new = load_config(path)
+    except ConfigError as exc:
+        raise ReloadRefused([str(p) for p in exc.problems]) from None
+    return await apply(gw, new)
+
+
+async def apply(gw: Gateway, new: Config) -> list[str]:
+    old = gw.config
+    problems = restart_only(old, new)
+    if problems:
+        raise ReloadRefused(problems)
+    gw.config = new  # from here on, new requests see the new config
+    changes = []
+    for name, backend in new.backends.items():
+        if name not in gw.upstreams:
+            await add_backend(gw, name, backend)
+            changes.append(f"backend {name} added")
+            continue
+        if backend == old.backends.get(name):
+            continue
+        upstream = gw.upstreams[name]
+        base_url = (gw.simulators[name].url + "/v1" if name in gw.simulators
+                    else str(backend.url).rstrip("/"))
+        gw.upstreams[name] = Upstream(name, backend, base_url, upstream.session)
+        gw.pools[name].resize(backend.slots, backend.queue_limit)
+        changes.append(f"backend {name} changed")
+    changes += [f"backend {name} removed (idle until restart)"
+                for name in old.backends.keys() - new.backends.keys()]
+    if new.routes != old.routes:
+        changes.append("routes changed")
+    if new.experiments != old.experiments:
+        changes.append("experiments changed")
+    wire_routes(gw)
+    log.info("config reloaded: %s", "; ".join(changes) or "no change")
+    return changes
