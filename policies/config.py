@@ -49,6 +49,7 @@ class ServerConfig(_Model):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
     max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
     max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=2048, ge=1, le=1_000_000)  # per chat request
     body_read_timeout_s: PositiveSeconds = 30.0
     queue_heartbeat_s: float = Field(default=5.0, gt=0, le=5.0)
     retry_after_min_s: int = Field(default=1, ge=1, le=3600)

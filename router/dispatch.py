@@ -35,6 +35,7 @@ from router.openai_api import (
     ApiError,
     Endpoint,
     ParsedRequest,
+    check_content_type,
     parse_request,
     read_body,
     upstream_body,
@@ -147,14 +148,20 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         if gw.draining:
             raise exchange.rejection(RejectReason.DRAINING, config.server.retry_after_min_s,
                                      None)
+        check_content_type(request)
         async with asyncio.timeout(config.server.body_read_timeout_s):
             raw = await read_body(request, config.server.max_body_bytes)
-        parsed = exchange.parsed = parse_request(raw, endpoint)
+        parsed = exchange.parsed = parse_request(raw, endpoint, config.server.max_messages)
         rec.stream = parsed.stream
         route = config.routes.get(parsed.model)
         if route is None:
             raise ApiError(404, f"The model '{parsed.model}' does not exist.",
                            code="model_not_found", param="model")
+        window = config.backends[route.primary].context_window
+        if parsed.max_tokens is not None and window is not None and parsed.max_tokens > window:
+            raise ApiError(400, f"max_tokens ({parsed.max_tokens}) exceeds the model's context "
+                           f"window of {window} tokens.", code="context_length_exceeded",
+                           param="max_tokens")
         rec.route, rec.primary = parsed.model, route.primary
         experiment = gw.experiments.get(parsed.model)
         if experiment is not None:

@@ -6,6 +6,7 @@ Errors the gateway answers itself (all render as {"error": {message, type, param
       400 invalid_request_error bad JSON, missing or malformed fields
       404 invalid_request_error unknown model (code model_not_found)
       413 invalid_request_error body over the limit (code request_too_large)
+      415 invalid_request_error a body that is not JSON (code unsupported_media_type)
       429 rate_limit_error      every pool and queue full (code queue_full)
       502 / 503 / 504           upstream unreachable, queue timeout, upstream timeout
 
@@ -96,20 +97,40 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
+# Fields some SDKs and proxies read as "send this elsewhere" or "use these credentials":
+# the gateway alone decides where a request goes and with which key.
+DESTINATION_FIELDS = frozenset({
+    "api_base", "base_url", "api_key", "api_version", "api_type", "organization",
+    "custom_llm_provider", "deployment_id", "extra_headers", "proxy", "endpoint",
+})
+
+
+def check_content_type(request: web.BaseRequest) -> None:
+    """415 unless the body is declared JSON (no Content-Type at all is accepted)."""
+    declared = request.headers.get("Content-Type")
+    if declared is not None and request.content_type != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, not {declared[:100]!r}.",
+                       code="unsupported_media_type")
+
+
+def parse_request(raw: bytes, endpoint: Endpoint, max_messages: int = 2048) -> ParsedRequest:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise invalid(f"Request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise invalid("Request body must be a JSON object.")
+    steering = DESTINATION_FIELDS.intersection(body)
+    if steering:
+        name = sorted(steering)[0]
+        raise invalid(f"'{name}' is not accepted: the gateway decides where requests go.", name)
 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a non-empty string.", "model")
 
     if endpoint is Endpoint.CHAT:
-        _check_messages(body.get("messages"))
+        _check_messages(body.get("messages"), max_messages)
     else:
         _check_prompt(body.get("prompt"))
 
@@ -143,9 +164,12 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                          queue_events)
 
 
-def _check_messages(messages: object) -> None:
+def _check_messages(messages: object, limit: int) -> None:
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' is required and must be a non-empty array.", "messages")
+    if len(messages) > limit:
+        raise invalid(f"'messages' holds {len(messages)} messages; the limit is {limit}.",
+                      "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise invalid(f"'messages[{i}]' must be an object with a string 'role'.", "messages")

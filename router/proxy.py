@@ -138,7 +138,7 @@ async def forward(
     try:
         async with deadline:
             up = await upstream.session.post(upstream.url(endpoint), data=body, headers=headers,
-                                             timeout=upstream.timeout)
+                                             timeout=upstream.timeout, allow_redirects=False)
             relay.status = up.status
             if up.status != 200:
                 raise await _upstream_error(up, upstream.name)

@@ -30,6 +30,7 @@ from tests.conftest import (
 )
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+JSON = {"Content-Type": "application/json"}
 
 
 def assert_openai_error(body: Any, kind: str, code: str | None = None) -> None:
@@ -71,6 +72,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         ("/v1/completions", orjson.dumps({"model": "chat"}), 400, "prompt"),
         ("/v1/chat/completions", orjson.dumps({**CHAT, "slotgate": 3}), 400, "slotgate"),
         ("/v1/chat/completions", orjson.dumps({**CHAT, "model": "gpt-9"}), 404, "model"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "api_base": "http://evil/v1"}), 400,
+         "api_base"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "base_url": "http://evil/v1"}), 400,
+         "base_url"),
+        ("/v1/chat/completions", orjson.dumps({**CHAT, "api_key": "sk-x"}), 400, "api_key"),
+        ("/v1/chat/completions", b'{"model": "chat", "messages": "\xff\xfe"}', 400,
+         None),  # not UTF-8
     ],
 )
 async def test_bad_requests(gw: RunningGateway, http: aiohttp.ClientSession, path: str,
@@ -89,7 +97,7 @@ async def test_bad_requests(gw: RunningGateway, http: aiohttp.ClientSession, pat
 
 async def test_body_over_limit_declared(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
     big = orjson.dumps({**CHAT, "pad": "x" * 5000})
-    async with http.post(gw.url + "/v1/chat/completions", data=big) as resp:
+    async with http.post(gw.url + "/v1/chat/completions", data=big, headers=JSON) as resp:
         assert resp.status == 413
         assert_openai_error(await resp.json(), "invalid_request_error", "request_too_large")
     await assert_idle(gw)
@@ -107,7 +115,8 @@ async def test_body_over_limit_chunked_is_refused_before_reading_it_all(
             yield b" " * 65536
 
     try:
-        async with http.post(gw.url + "/v1/chat/completions", data=endless()) as resp:
+        async with http.post(gw.url + "/v1/chat/completions", data=endless(),
+                             headers=JSON) as resp:
             status = resp.status
             body = await resp.json()
     except aiohttp.ClientError:
@@ -292,3 +301,63 @@ async def test_queued_stream_whose_upstream_fails_gets_an_in_band_error(
     assert caught.value.message == "simulated backend failure"  # the backend's own words
     await holder
     await assert_idle(gw)
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+async def test_a_body_that_is_not_json_is_415(gw: RunningGateway, http: aiohttp.ClientSession,
+                                              content_type: str) -> None:
+    async with http.post(gw.url + "/v1/chat/completions", data=orjson.dumps(CHAT),
+                         headers={"Content-Type": content_type}) as resp:
+        assert resp.status == 415
+        assert_openai_error(await resp.json(), "invalid_request_error", "unsupported_media_type")
+    await assert_idle(gw)
+
+
+async def test_max_tokens_beyond_the_context_window_is_400(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, context_window=4096)))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/chat/completions", headers=JSON,
+                             data=orjson.dumps({**CHAT, "max_tokens": 5000})) as resp:
+            assert resp.status == 400
+            body = await resp.json()
+    assert_openai_error(body, "invalid_request_error", "context_length_exceeded")
+    assert body["error"]["param"] == "max_tokens"
+    assert not engine(gw).records  # refused before any slot or engine
+
+
+async def test_an_upstream_redirect_is_not_followed(start: StartGateway) -> None:
+    followed: list[str] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect("/elsewhere/v1/chat/completions")
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        followed.append(request.path)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", redirect)
+    app.router.add_post("/elsewhere/v1/chat/completions", elsewhere)
+    runner, url = await serve_app(app)
+    try:
+        gw = await start(gateway_config({"url": url + "/v1", "model": "m", "slots": 1}))
+        async with aiohttp.ClientSession() as http:
+            async with http.post(gw.url + "/v1/chat/completions", headers=JSON,
+                                 data=orjson.dumps(CHAT)) as resp:
+                assert resp.status == 502
+        assert followed == []
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
+
+
+async def test_too_many_messages_is_400(start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1), server={"max_messages": 3}))
+    many = {**CHAT, "messages": [{"role": "user", "content": "a"}] * 4}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/chat/completions", headers=JSON,
+                             data=orjson.dumps(many)) as resp:
+            assert resp.status == 400
+            body = await resp.json()
+    assert_openai_error(body, "invalid_request_error")
+    assert body["error"]["param"] == "messages" and "limit is 3" in body["error"]["message"]
