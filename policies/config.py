@@ -132,6 +132,8 @@ class BackendConfig(_Model):
     first_byte_timeout_s: PositiveSeconds = 60.0
     idle_timeout_s: PositiveSeconds = 60.0
     initial_hold_s: PositiveSeconds = 10.0  # slot holding time assumed before any is measured
+    breaker_failures: int = Field(default=5, ge=1, le=1000)  # consecutive, to stop using it
+    breaker_open_s: PositiveSeconds = 30.0  # then one probe request per period
     price: PriceConfig | None = None  # None: the ledger counts this backend as free
 
     @model_validator(mode="after")

@@ -36,6 +36,7 @@ async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
     gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
     gw.metrics.watch(gw.pools[name])
     gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
+    gw.health.add(name, backend)
 
 
 def wire_routes(gw: Gateway) -> None:

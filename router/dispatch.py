@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import hashlib
 import logging
 import math
 import os
-import re
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -30,6 +26,7 @@ from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_toke
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueTimeout, SlotPool, Ticket
+from router.faults import backend_failed
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
     ApiError,
@@ -41,55 +38,11 @@ from router.openai_api import (
     upstream_body,
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, forward
+from router.record import Phase, RequestRecord, key_id, request_id, subject
 from router.sse import Usage, queue_frame, start_frame
 
 log = logging.getLogger("slotgate.access")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
-_MAX_SUBJECT = 512
-
-
-class Phase(enum.StrEnum):
-    """Where a request was when it ended; names the disconnect phase."""
-
-    ADMISSION = "admission"
-    QUEUED = "queued"
-    BEFORE_FIRST_BYTE = "before_first_byte"
-    STREAMING = "streaming"
-    DONE = "done"
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """The facts of one request: logged, and kept for the ledger (never content)."""
-
-    request_id: str
-    endpoint: str
-    started_at: float  # time.perf_counter(): durations, not deadlines (uvloop's clock is in ms)
-    ts: float  # time.time() on arrival
-    row_id: str  # the ledger's key: ours, unique even when clients reuse request ids
-    route: str | None = None
-    primary: str | None = None  # the route's primary: the counterfactual's backend
-    experiment: str | None = None
-    arm: str | None = None
-    tenant: str | None = None  # the API key id: a hash prefix, never the key
-    backend: str | None = None
-    reason: str | None = None
-    stream: bool = False
-    status: int = 0
-    error: str | None = None
-    queue_wait_ms: float = 0.0
-    slot_at: float | None = None  # perf_counter when the slot was granted
-    slot_ms: float = 0.0  # how long the slot was held
-    ttft_ms: float | None = None
-    total_ms: float = 0.0
-    intent: str | None = None
-    p_simple: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
-    phase: Phase = Phase.ADMISSION
-    disconnect: Phase | None = None
 
 
 def _may_steer(route: RouteConfig, decision: Decision) -> bool:
@@ -98,34 +51,6 @@ def _may_steer(route: RouteConfig, decision: Decision) -> bool:
     return when is FallbackWhen.ALWAYS or (
         when is FallbackWhen.SATURATED and isinstance(decision, Wait)
     )
-
-
-def request_id(request: web.Request, own: str) -> str:
-    given = request.headers.get("X-Request-Id")
-    if given and _REQUEST_ID.match(given):
-        return given
-    return own
-
-
-def key_id(request: web.Request) -> str | None:
-    """Who is calling, for the ledger and sticky arms: a hash prefix of the bearer key."""
-    auth = request.headers.get("Authorization")
-    if not auth or not auth[:7].lower() == "bearer ":
-        return None
-    return hashlib.sha256(auth[7:].strip().encode(errors="replace")).hexdigest()[:12]
-
-
-def subject(parsed: ParsedRequest, tenant: str | None, request: web.Request) -> str | None:
-    """Whose arm: the OpenAI `user` field, else the API key id, else x-slotgate-subject."""
-    user = parsed.body.get("user")
-    if isinstance(user, str) and 0 < len(user) <= _MAX_SUBJECT:
-        return "user:" + user
-    if tenant is not None:
-        return "key:" + tenant
-    given = request.headers.get("X-Slotgate-Subject")
-    if given and len(given) <= _MAX_SUBJECT:
-        return "subject:" + given
-    return None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -213,19 +138,78 @@ class Exchange:
         self.parsed: ParsedRequest | None = None
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
+        health = self.gw.health
+        chain = [route.primary, *route.fallbacks]
+        if health.is_open(route.primary):  # a sick primary takes no new work
+            route = self.around_open(route, chain)
         lease = await self.admit(parsed, route)
+        while True:
+            try:
+                return await self.serve(parsed, lease)
+            except ApiError as err:
+                # Retry on the next backend of the route while nothing of the answer has
+                # reached the client, within the budget.
+                if not backend_failed(err) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
+                    raise
+                later = chain[chain.index(lease.pool) + 1:] if lease.pool in chain else []
+                after = next((b for b in later if health.allows(b)), None)
+                if after is None or not health.may_retry(self.gw.running):
+                    raise
+            health.retrying += 1
+            try:
+                self.rec.reason = f"retry:{lease.pool}"
+                lease = await self.admit_to(parsed, after)
+            finally:
+                health.retrying -= 1
+
+    async def serve(self, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
+        """Forward on `lease`'s backend; the slot is released on every path."""
         self.rec.slot_at = time.perf_counter()
+        self.rec.backend = lease.pool
         try:
             self.rec.phase = Phase.BEFORE_FIRST_BYTE
             lost = lease.lost()
             if lost is None:
-                return await self.forward(parsed, lease.pool)
-            return await self.forward_while_held(parsed, lease.pool, lost)
+                response = await self.forward(parsed, lease.pool)
+            else:
+                response = await self.forward_while_held(parsed, lease.pool, lost)
+            self.gw.health.succeeded(lease.pool)
+            return response
+        except ApiError as err:
+            if backend_failed(err):
+                self.gw.health.failed(lease.pool)
+            raise
         finally:
             held_s = lease.held_s
             self.rec.slot_ms = held_s * 1000
             self.gw.metrics.holding.labels(lease.pool).observe(held_s)
             await lease.release()
+
+    def around_open(self, route: RouteConfig, chain: list[str]) -> RouteConfig:
+        """The route without its open-circuit primary: its first healthy fallback leads."""
+        healthy = [name for name in chain[1:] if not self.gw.health.is_open(name)]
+        if self.gw.health.allows(route.primary):
+            return route  # this request is the half-open probe
+        if not healthy:
+            err = ApiError(503, f"Backend '{route.primary}' is failing and no fallback is "
+                           "available; retry later.", "server_error", "backend_unavailable")
+            retry = math.ceil(self.gw.health.retry_in_s(chain))
+            err.headers["Retry-After"] = str(max(self.config.server.retry_after_min_s, retry))
+            raise err
+        return route.model_copy(update={"primary": healthy[0], "fallbacks": tuple(healthy[1:]),
+                                        "overflow": Overflow.FALLBACK})
+
+    async def admit_to(self, parsed: ParsedRequest, backend: str) -> Lease:
+        """A slot on one given backend (a retry): free now, or after waiting in its line."""
+        pool = self.gw.pools[backend]
+        self.rec.backend = backend
+        lease = await pool.try_acquire()
+        if lease is not None:
+            return lease
+        ticket = await pool.enqueue()
+        if ticket is None:
+            raise self.rejection(RejectReason.QUEUE_FULL, self.retry_after([pool]), backend)
+        return await self.wait(parsed, pool, ticket, None)
 
     async def admit(self, parsed: ParsedRequest, route: RouteConfig) -> Lease:
         """Route -> admit -> (steer to a fallback) -> take a slot or a place in line."""

@@ -19,6 +19,7 @@ from policies.experiments import Experiment
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
 from policies.slots import SlotPool
+from router.faults import BackendHealth
 from router.ledger import Ledger
 from router.metrics import Metrics
 from router.proxy import Upstream
@@ -26,7 +27,7 @@ from router.usage import ledger_row
 
 if TYPE_CHECKING:
     from policies.redis_slots import RedisCoordinator
-    from router.dispatch import RequestRecord
+    from router.record import RequestRecord
     from router.simulated import RunningSim
 
 RECENT_RECORDS = 1000
@@ -45,6 +46,7 @@ class Gateway:
     ledger: Ledger | None = None
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
+    health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from policies.slots import SlotPool
-    from router.dispatch import RequestRecord
     from router.ledger import Ledger
+    from router.record import RequestRecord
 
 # LLM latencies: from a quick first token to a two-minute answer.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)

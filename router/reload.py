@@ -73,6 +73,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
                     else str(backend.url).rstrip("/"))
         gw.upstreams[name] = Upstream(name, backend, base_url, upstream.session)
         gw.pools[name].resize(backend.slots, backend.queue_limit)
+        gw.health.add(name, backend)  # new breaker settings; its count starts again
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"
                 for name in old.backends.keys() - new.backends.keys()]

@@ -16,7 +16,7 @@ from policies.pricing import SlotTimeModel, request_cost
 from router.ledger import LedgerRow
 
 if TYPE_CHECKING:
-    from router.dispatch import RequestRecord
+    from router.record import RequestRecord
 
 CLIENT_CLOSED = 499  # the status a ledger row gets when the client left before the answer
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from router.app import RunningGateway
-from router.dispatch import Phase
+from router.record import Phase
 from router.simulated import FaultMode
 from tests.conftest import (
     StartGateway,

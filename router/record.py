@@ -1,0 +1,87 @@
+"""What is known of one request: its record (logged and kept for the ledger, never its
+content), where it was when it ended, and who sent it."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from router.openai_api import ParsedRequest
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_MAX_SUBJECT = 512
+
+
+class Phase(enum.StrEnum):
+    """Where a request was when it ended; names the disconnect phase."""
+
+    ADMISSION = "admission"
+    QUEUED = "queued"
+    BEFORE_FIRST_BYTE = "before_first_byte"
+    STREAMING = "streaming"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """The facts of one request: logged, and kept for the ledger (never content)."""
+
+    request_id: str
+    endpoint: str
+    started_at: float  # time.perf_counter(): durations, not deadlines (uvloop's clock is in ms)
+    ts: float  # time.time() on arrival
+    row_id: str  # the ledger's key: ours, unique even when clients reuse request ids
+    route: str | None = None
+    primary: str | None = None  # the route's primary: the counterfactual's backend
+    experiment: str | None = None
+    arm: str | None = None
+    tenant: str | None = None  # the API key id: a hash prefix, never the key
+    backend: str | None = None
+    reason: str | None = None
+    stream: bool = False
+    status: int = 0
+    error: str | None = None
+    queue_wait_ms: float = 0.0
+    slot_at: float | None = None  # perf_counter when the slot was granted
+    slot_ms: float = 0.0  # how long the slot was held
+    ttft_ms: float | None = None
+    total_ms: float = 0.0
+    intent: str | None = None
+    p_simple: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
+    phase: Phase = Phase.ADMISSION
+    disconnect: Phase | None = None
+
+
+def request_id(request: web.Request, own: str) -> str:
+    given = request.headers.get("X-Request-Id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    return own
+
+
+def key_id(request: web.Request) -> str | None:
+    """Who is calling, for the ledger and sticky arms: a hash prefix of the bearer key."""
+    auth = request.headers.get("Authorization")
+    if not auth or not auth[:7].lower() == "bearer ":
+        return None
+    return hashlib.sha256(auth[7:].strip().encode(errors="replace")).hexdigest()[:12]
+
+
+def subject(parsed: ParsedRequest, tenant: str | None, request: web.Request) -> str | None:
+    """Whose arm: the OpenAI `user` field, else the API key id, else x-slotgate-subject."""
+    user = parsed.body.get("user")
+    if isinstance(user, str) and 0 < len(user) <= _MAX_SUBJECT:
+        return "user:" + user
+    if tenant is not None:
+        return "key:" + tenant
+    given = request.headers.get("X-Slotgate-Subject")
+    if given and len(given) <= _MAX_SUBJECT:
+        return "subject:" + given
+    return None
