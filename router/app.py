@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, CoordinationMode
 from router import admin, dispatch, pages
-from router.assembly import add_backend, wire_routes
+from router.assembly import add_backend, health_check, wire_routes
 from router.gateway import GATEWAY, Gateway
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError
@@ -54,6 +54,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         if gw.config.coordination.mode is CoordinationMode.REDIS:
             gw.coordinator = await start_coordinator(gw.config.coordination)
+        gw.health.probe = lambda name: health_check(gw, name)
         for name, backend in gw.config.backends.items():
             await add_backend(gw, name, backend)
         if gw.coordinator is not None:
@@ -68,6 +69,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         gw.ready = False
+        await gw.health.close()
         if gw.ledger is not None:
             await gw.ledger.close()  # after the server stopped taking requests: every row
         for upstream in gw.upstreams.values():

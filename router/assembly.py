@@ -6,6 +6,8 @@ Used at startup and again by a config reload, which adds only what is new.
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 
 from policies.config import BackendConfig, FallbackWhen
@@ -37,6 +39,19 @@ async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
     gw.metrics.watch(gw.pools[name])
     gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
     gw.health.add(name, backend)
+
+
+async def health_check(gw: Gateway, name: str) -> bool:
+    """Does the backend answer GET /v1/models with 200 within its connect timeout?"""
+    upstream = gw.upstreams[name]
+    limit = upstream.config.connect_timeout_s
+    try:
+        async with asyncio.timeout(limit), upstream.session.get(
+                upstream.base_url + "/models", headers=upstream.auth_headers(),
+                allow_redirects=False) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return False
 
 
 def wire_routes(gw: Gateway) -> None:

@@ -66,6 +66,10 @@ class Upstream:
     def url(self, endpoint: Endpoint) -> str:
         return self.base_url + endpoint.value.removeprefix("/v1")
 
+    def auth_headers(self) -> dict[str, str]:
+        auth = self.auth_header()
+        return {"Authorization": auth} if auth else {}
+
     def auth_header(self) -> str | None:
         env = self.config.api_key_env
         key = os.environ.get(env) if env else None

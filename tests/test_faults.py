@@ -3,6 +3,7 @@ a breaker per backend that stops sending work to a failing one."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import openai
@@ -105,3 +106,19 @@ def test_what_counts_as_a_backend_failure_and_the_retry_budget() -> None:
     assert health.may_retry(0)  # at least 3 in flight, whatever the load
     health.retrying = 3
     assert not health.may_retry(10) and health.may_retry(20)  # then a fifth of the running
+
+
+async def test_health_checks_put_a_recovered_backend_back_without_risking_a_request(
+    start: StartGateway
+) -> None:
+    big = sim_backend("m", slots=2, breaker_failures=1, breaker_open_s=0.2)
+    gw = await start(gateway_config(big, sim_backend("m-small", slots=2)))
+    engine(gw).inject_fault(FaultMode.ERROR_500)  # one failure, then healthy again
+    assert (await ask(gw)).headers["x-slotgate-backend"] == "small"
+    health = gw.gateway.health
+    assert health.is_open("big")
+    async with asyncio.timeout(10):
+        await health.recovered("big")  # GET /v1/models answered: no request was the probe
+    assert not health.is_open("big")
+    assert (await ask(gw)).headers["x-slotgate-backend"] == "big"
+    await assert_idle(gw)
