@@ -44,6 +44,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/openapi.json", _openapi)
     pages.setup(app)
     admin.setup(app)
     return app
@@ -105,6 +106,12 @@ async def _models(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = request.app[GATEWAY].metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    from router.openapi import openapi
+
+    return web.json_response(openapi(request.app[GATEWAY].config), dumps=_dumps)
 
 
 async def _healthz(request: web.Request) -> web.Response:

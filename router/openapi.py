@@ -1,0 +1,82 @@
+"""The OpenAPI description of the gateway's own endpoints, served at GET /openapi.json.
+
+It describes what the gateway itself checks; fields it does not need pass through to the
+engine and are allowed (`additionalProperties`). The route names of the running config
+are the `model` values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.config import Config
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    return {str(s): {"description": "an OpenAI-shaped error",
+                     "content": {"application/json": {"schema": _ERROR}}} for s in statuses}
+
+
+def _completion(kind: str, models: list[str]) -> dict[str, Any]:
+    required = ["model", "messages"] if kind == "chat" else ["model", "prompt"]
+    text: dict[str, Any] = {"type": "string", "maxLength": 2000}
+    properties: dict[str, Any] = {
+        "model": {"type": "string", "enum": models},
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": "object",
+                           "properties": {"include_usage": {"type": "boolean"}}},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
+        "user": {"type": "string", "maxLength": 64},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    }
+    if kind == "chat":
+        properties["messages"] = {"type": "array", "minItems": 1, "maxItems": 8, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"role": {"type": "string", "enum": ["system", "user", "assistant"]},
+                           "content": text}}}
+    else:
+        properties["prompt"] = text
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": required, "properties": properties,
+            "additionalProperties": True}}}},
+        "responses": {"200": {"description": "the engine's answer (JSON, or SSE when "
+                              "stream is true)"},
+                      **_errors(400, 404, 413, 415, 429, 502, 503, 504)},
+    }
+
+
+def _get(description: str, *errors: int) -> dict[str, Any]:
+    return {"get": {"responses": {"200": {"description": description}, **_errors(*errors)}}}
+
+
+def openapi(config: Config) -> dict[str, Any]:
+    models = sorted(config.routes)
+    when = {"type": "string", "maxLength": 40}
+    report = _get("the cost report (slotgate report --json)", 400, 404)
+    report["get"]["parameters"] = [
+        {"name": name, "in": "query", "required": False, "schema": when}
+        for name in ("since", "until", "experiment", "route", "baseline")]
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "slotgate", "version": "0.1.0",
+                 "description": "OpenAI-compatible gateway with slot pools and queues"},
+        "paths": {
+            "/v1/chat/completions": {"post": _completion("chat", models)},
+            "/v1/completions": {"post": _completion("completions", models)},
+            "/v1/models": _get("the public model names"),
+            "/healthz": _get("alive"),
+            "/readyz": _get("ready to serve", 503),
+            "/metrics": _get("Prometheus exposition"),
+            "/admin/report": report,
+        },
+        "components": {"schemas": {"Error": {
+            "type": "object", "required": ["error"],
+            "properties": {"error": {
+                "type": "object", "required": ["message", "type", "code"],
+                "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                               "code": {"type": "string", "nullable": True},
+                               "param": {"type": "string", "nullable": True}}}}}}},
+    }
