@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test demo lint typecheck bench clean
+.PHONY: run test chaos demo lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+chaos: $(STAMP)   # tests/chaos at full size (make test runs them small)
+	SLOTGATE_CHAOS_SCALE=10 $(BIN)/pytest -q tests/chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check router policies classifier tests bench

@@ -53,6 +53,17 @@ def _may_steer(route: RouteConfig, decision: Decision) -> bool:
     )
 
 
+async def abandon(waiting: asyncio.Future[Lease]) -> None:
+    """Stop waiting for a slot. A wait cancelled in time leaves the line by itself (and
+    passes on a slot granted meanwhile); one that already finished holds a lease: release it."""
+    if not waiting.done():
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(waiting)
+    if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+        await waiting.result().release()
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await handle(request, Endpoint.CHAT)
 
@@ -288,11 +299,12 @@ class Exchange:
         queued_at = time.perf_counter()
         heartbeat = None
         if parsed.stream:
-            try:
-                await self.open_stream()
-            except BaseException:
-                await ticket.withdraw()
-                raise
+            if self.response is None:  # a retry that queues again keeps its one response
+                try:
+                    await self.open_stream()
+                except BaseException:
+                    await ticket.withdraw()
+                    raise
             heartbeat = asyncio.create_task(self.report_queue(ticket, pool, parsed))
         timeout = self.config.backends[pool.name].queue_timeout_s
         try:
@@ -320,12 +332,11 @@ class Exchange:
         either: set[asyncio.Future[Any]] = {task, self.gw.drain_signal()}
         try:
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if task.cancelled():
+        except BaseException:  # the client left: even a slot granted this instant goes back
+            await abandon(task)
+            raise
+        if not task.done():
+            await abandon(task)
             raise self.rejection(RejectReason.DRAINING,
                                  self.config.server.retry_after_min_s, pool)
         return task.result()
@@ -338,8 +349,8 @@ class Exchange:
             either: set[asyncio.Future[Any]] = {waiting, offer}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            waiting.cancel()  # the ticket leaves the queue and passes on any slot it got
             offers.withdraw(offer)
+            await abandon(waiting)  # the ticket leaves the queue and passes on any slot it got
             raise
         if waiting.done():
             offers.withdraw(offer)  # also returns a fallback slot granted at the same instant
