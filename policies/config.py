@@ -350,6 +350,36 @@ class CoordinationConfig(_Model):
         return self
 
 
+class ApiKeyConfig(_Model):
+    """One client key: stored as its SHA-256 (hex), or read from an environment variable."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # in the ledger and logs
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    tenant: str = Field(min_length=1, max_length=64)
+    admin: bool = False  # may call /admin/*
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.sha256 is None) == (self.key_env is None):
+            raise ValueError("give exactly one of 'sha256' or 'key_env'")
+        return self
+
+
+class AuthConfig(_Model):
+    enabled: bool = False  # off: every client is accepted (said at startup)
+    keys: tuple[ApiKeyConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _keys_when_on(self) -> Self:
+        if self.enabled and not self.keys:
+            raise ValueError("auth is enabled but no key is configured")
+        ids = [key.id for key in self.keys]
+        if len(ids) != len(set(ids)):
+            raise ValueError("key ids must be unique")
+        return self
+
+
 class LoggingConfig(_Model):
     access: bool = True  # one JSON line per request (logger slotgate.access, level INFO)
     content: bool = False  # add the prompt text the classifier reads to that line
@@ -364,6 +394,7 @@ class Config(_Model):
     ledger: LedgerConfig = LedgerConfig()
     experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
     coordination: CoordinationConfig = CoordinationConfig()
+    auth: AuthConfig = AuthConfig()
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Self:

@@ -27,10 +27,13 @@ async def reload(request: web.Request) -> web.Response:
 
     gw = request.app[GATEWAY]
     try:
-        changes = await reload_file(gw, gw.config_path)
-    except ReloadRefused as exc:
-        err = ApiError(400, "The config was not reloaded: " + "; ".join(exc.problems),
-                       code="reload_refused")
+        gw.keyring.admin(request)
+        try:
+            changes = await reload_file(gw, gw.config_path)
+        except ReloadRefused as exc:
+            raise ApiError(400, "The config was not reloaded: " + "; ".join(exc.problems),
+                           code="reload_refused") from None
+    except ApiError as err:
         return err.response()
     return web.Response(body=orjson.dumps({"reloaded": True, "changes": changes}),
                         content_type="application/json")
@@ -40,6 +43,7 @@ async def report(request: web.Request) -> web.Response:
     """The cost report over the ledger, filtered by ?since=&until=&experiment=&route=,
     compared against ?baseline= (an arm). Rows still buffered are written first."""
     try:
+        request.app[GATEWAY].keyring.admin(request)
         return await _report(request)
     except ApiError as err:
         return err.response()

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from policies.config import Config, CoordinationMode
 from router import admin, dispatch, pages
 from router.assembly import add_backend, health_check, wire_routes
+from router.auth import Keyring
 from router.gateway import GATEWAY, Gateway
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError
@@ -55,6 +56,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         if gw.config.coordination.mode is CoordinationMode.REDIS:
             gw.coordinator = await start_coordinator(gw.config.coordination)
+        gw.keyring = Keyring(gw.config.auth)
         gw.health.probe = lambda name: health_check(gw, name)
         for name, backend in gw.config.backends.items():
             await add_backend(gw, name, backend)
@@ -189,6 +191,11 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
                  route.fallback.when.value)
     log.info("content logging %s", "ON: prompts appear in the access log"
              if config.logging.content else "off")
+    if config.auth.enabled:
+        log.info("auth on: %d client keys", len(config.auth.keys))
+    else:
+        log.warning("auth off: every client is accepted, /admin/* included "
+                    "(for local use; see auth in docs/CONFIG.md)")
     log.info("slotgate listening on %s (%d backends, %d routes)", url,
              len(config.backends), len(config.routes))
     return RunningGateway(app, runner, url)

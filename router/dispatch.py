@@ -54,8 +54,7 @@ def _may_steer(route: RouteConfig, decision: Decision) -> bool:
 
 
 async def abandon(waiting: asyncio.Future[Lease]) -> None:
-    """Stop waiting for a slot. A wait cancelled in time leaves the line by itself (and
-    passes on a slot granted meanwhile); one that already finished holds a lease: release it."""
+    """Stop waiting for a slot; a wait that already finished holds a lease: release it."""
     if not waiting.done():
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -77,13 +76,16 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     config = gw.config  # one config for the whole request, whatever a reload does meanwhile
     own = os.urandom(12).hex()
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
-                        time.time(), own, tenant=key_id(request))
+                        time.time(), own,
+                        tenant=None if gw.keyring.enabled else key_id(request))
     exchange = Exchange(request, gw, rec, config)
     gw.enter()
     try:
         if gw.draining:
             raise exchange.rejection(RejectReason.DRAINING, config.server.retry_after_min_s,
                                      None)
+        if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
+            rec.tenant = caller.tenant
         check_content_type(request)
         async with asyncio.timeout(config.server.body_read_timeout_s):
             raw = await read_body(request, config.server.max_body_bytes)
@@ -101,7 +103,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.route, rec.primary = parsed.model, route.primary
         experiment = gw.experiments.get(parsed.model)
         if experiment is not None:
-            arm = experiment.assign(subject(parsed, rec.tenant, request))
+            key = caller.key_id if caller is not None else rec.tenant
+            arm = experiment.assign(subject(parsed, key, request))
             rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
         try:
             response = await exchange.run(parsed, route)
@@ -158,8 +161,7 @@ class Exchange:
             try:
                 return await self.serve(parsed, lease)
             except ApiError as err:
-                # Retry on the next backend of the route while nothing of the answer has
-                # reached the client, within the budget.
+                # Retry on the route's next backend before the first byte, within budget.
                 if not backend_failed(err) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                     raise
                 later = chain[chain.index(lease.pool) + 1:] if lease.pool in chain else []

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from classifier.model import IntentClassifier
-from policies.config import Config
+from policies.config import AuthConfig, Config
 from policies.experiments import Experiment
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
 from policies.slots import SlotPool
+from router.auth import Keyring
 from router.faults import BackendHealth
 from router.ledger import Ledger
 from router.metrics import Metrics
@@ -47,6 +48,7 @@ class Gateway:
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
+    keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After

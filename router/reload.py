@@ -16,6 +16,7 @@ from pathlib import Path
 
 from policies.config import Config
 from router.assembly import add_backend, wire_routes
+from router.auth import Keyring
 from router.config import ConfigError, load_config
 from router.gateway import Gateway
 from router.proxy import Upstream
@@ -59,7 +60,11 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
     problems = restart_only(old, new)
     if problems:
         raise ReloadRefused(problems)
-    gw.config = new  # from here on, new requests see the new config
+    try:
+        keyring = Keyring(new.auth)  # a key read from the environment may be missing
+    except ConfigError as exc:
+        raise ReloadRefused([str(p) for p in exc.problems]) from None
+    gw.config, gw.keyring = new, keyring  # from here on, new requests see the new config
     changes = []
     for name, backend in new.backends.items():
         if name not in gw.upstreams:
@@ -81,6 +86,8 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         changes.append("routes changed")
     if new.experiments != old.experiments:
         changes.append("experiments changed")
+    if new.auth != old.auth:
+        changes.append("auth changed")
     wire_routes(gw)
     log.info("config reloaded: %s", "; ".join(changes) or "no change")
     return changes

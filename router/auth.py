@@ -1,0 +1,64 @@
+"""Client API keys: who is calling, for which tenant, and whether they may administer.
+
+Keys are kept only as SHA-256 digests (from the config, or hashed once at startup from an
+environment variable). A presented key is hashed and looked up; the digests are then
+compared in constant time. No key, and no part of one, is ever logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from policies.config import AuthConfig
+from router.config import ConfigError, ConfigProblem
+from router.openai_api import ApiError
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    key_id: str
+    tenant: str
+    admin: bool
+    digest: bytes
+
+
+class Keyring:
+    def __init__(self, config: AuthConfig) -> None:
+        self.enabled = config.enabled
+        self._by_digest: dict[bytes, Caller] = {}
+        for i, key in enumerate(config.keys):
+            if key.sha256 is not None:
+                digest = bytes.fromhex(key.sha256)
+            else:
+                assert key.key_env is not None
+                secret = os.environ.get(key.key_env)
+                if not secret:
+                    raise ConfigError([ConfigProblem(
+                        f"auth.keys[{i}].key_env", f"environment variable {key.key_env} is "
+                        "not set", None)], "environment")
+                digest = hashlib.sha256(secret.encode()).digest()
+            self._by_digest[digest] = Caller(key.id, key.tenant, key.admin, digest)
+
+    def caller(self, request: web.Request) -> Caller | None:
+        """The caller of a request; raises a 401 when auth is on and the key is wrong."""
+        if not self.enabled:
+            return None
+        auth = request.headers.get("Authorization", "")
+        presented = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        digest = hashlib.sha256(presented.encode(errors="replace")).digest()
+        found = self._by_digest.get(digest)
+        if not presented or found is None or not hmac.compare_digest(found.digest, digest):
+            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return found
+
+    def admin(self, request: web.Request) -> None:
+        """Admin endpoints: with auth on, only an admin key (401 for none, 403 for others)."""
+        caller = self.caller(request)
+        if caller is not None and not caller.admin:
+            raise ApiError(403, "This key may not call admin endpoints.",
+                           code="insufficient_permissions")

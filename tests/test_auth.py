@@ -1,0 +1,86 @@
+"""Client API keys: 401 in OpenAI's shape for a missing or wrong key, the tenant in the
+ledger, keys from the environment, and admin endpoints for admin keys only."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from router.app import RunningGateway
+from tests.conftest import StartGateway, assert_idle, gateway_config, sim_backend
+from tests.test_ledger_gateway import rows_of
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+TEAM_KEY = "sk-team-a-0123456789"
+
+
+def client(gw: RunningGateway, key: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
+
+
+def config(tmp_path: Path) -> dict[str, Any]:
+    raw = gateway_config(sim_backend("m", slots=2))
+    raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3")}
+    raw["auth"] = {"enabled": True, "keys": [
+        {"id": "team-a", "tenant": "research", "sha256": hashlib.sha256(
+            TEAM_KEY.encode()).hexdigest()},
+        {"id": "ops", "tenant": "platform", "key_env": "SLOTGATE_OPS_KEY", "admin": True},
+    ]}
+    return raw
+
+
+async def test_keys_are_checked_and_the_tenant_recorded(
+    start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLOTGATE_OPS_KEY", "sk-ops-secret")
+    gw = await start(config(tmp_path))
+    for key in ("", "sk-wrong", TEAM_KEY[:-1]):
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await client(gw, key or "x").chat.completions.create(model="chat",
+                                                                  messages=MESSAGES)
+        assert refused.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+    assert (await client(gw, TEAM_KEY).chat.completions.create(
+        model="chat", messages=MESSAGES)).choices
+    assert (await client(gw, "sk-ops-secret").chat.completions.create(
+        model="chat", messages=MESSAGES)).choices
+    await assert_idle(gw)
+    rows = await rows_of(gw, str(tmp_path / "ledger.sqlite3"))
+    assert [(r.status, r.tenant) for r in rows] == [
+        (401, None), (401, None), (401, None), (200, "research"), (200, "platform")]
+
+
+async def test_admin_endpoints_need_an_admin_key(
+    start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLOTGATE_OPS_KEY", "sk-ops-secret")
+    gw = await start(config(tmp_path))
+    await client(gw, TEAM_KEY).chat.completions.create(model="chat", messages=MESSAGES)
+    async with aiohttp.ClientSession() as http:
+        for key, status in ((None, 401), (TEAM_KEY, 403), ("sk-ops-secret", 200)):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            async with http.get(gw.url + "/admin/report", headers=headers) as resp:
+                assert resp.status == status, await resp.text()
+            async with http.post(gw.url + "/admin/reload", headers=headers) as resp:
+                assert resp.status == (status if status != 200 else 400)  # embedded config
+
+
+async def test_a_key_from_a_missing_environment_variable_stops_startup(
+    start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from router.config import ConfigError
+
+    monkeypatch.delenv("SLOTGATE_OPS_KEY", raising=False)
+    with pytest.raises(ConfigError, match="SLOTGATE_OPS_KEY is not set"):
+        await start(config(tmp_path))
+
+
+async def test_auth_off_is_announced(start: StartGateway,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    await start(gateway_config(sim_backend("m", slots=1)))
+    assert "auth off: every client is accepted" in caplog.text
