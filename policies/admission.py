@@ -2,7 +2,8 @@
 
 Order: a free slot on the primary; room in the primary's queue; then, when the route
 allows overflow, a fallback with a free slot, then a fallback with queue room
-(each in the route's order); otherwise reject with a Retry-After.
+(each in the route's order); otherwise reject with a Retry-After. Room in a queue counts
+the `sheddable` waiters a newcomer of a higher class would displace.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.config import Overflow
+from policies.config import Overflow, Priority
 from policies.eta import retry_after_s
 from policies.slots import PoolSnapshot
 
@@ -24,6 +25,9 @@ class RouteReason(enum.StrEnum):
 class RejectReason(enum.StrEnum):
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
+    SHED = "shed"  # a sheddable waiter gave its place to a higher class
+    CONCURRENCY = "concurrency_limit"  # the key's own cap on requests at once
+    BUDGET = "budget_exceeded"  # the key's token or cost budget for the period
     UNAVAILABLE = "coordination_unavailable"  # the shared pool's Redis is away (fail_closed)
     DRAINING = "draining"  # the gateway is shutting down: retry, another replica answers
 
@@ -55,10 +59,11 @@ def decide(
     overflow: Overflow,
     retry_floor_s: int = 1,
     retry_cap_s: int = 60,
+    priority: Priority = Priority.STANDARD,
 ) -> Decision:
     if primary.free > 0 and primary.queued == 0:
         return Run(primary.name, RouteReason.PRIMARY)
-    if primary.queue_room > 0:
+    if primary.room_for(priority) > 0:
         return Wait(primary.name, RouteReason.PRIMARY)
     considered = [primary]
     if overflow is Overflow.FALLBACK:
@@ -66,7 +71,7 @@ def decide(
             if pool.free > 0 and pool.queued == 0:
                 return Run(pool.name, RouteReason.OVERFLOW)
         for pool in fallbacks:
-            if pool.queue_room > 0:
+            if pool.room_for(priority) > 0:
                 return Wait(pool.name, RouteReason.OVERFLOW)
         considered.extend(fallbacks)
     return Reject(RejectReason.QUEUE_FULL, retry_after_s(considered, retry_floor_s, retry_cap_s))

@@ -36,6 +36,22 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Priority(enum.StrEnum):
+    """A caller's class in the queues: higher classes are served first, FIFO within one;
+    `sheddable` waiters are the first to give up their place when a queue is full."""
+
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+    @property
+    def rank(self) -> int:  # 0 is served first
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {Priority.CRITICAL: 0, Priority.STANDARD: 1, Priority.SHEDDABLE: 2}
+
+
 class Overflow(enum.StrEnum):
     """What a route does when its primary's queue is full."""
 
@@ -350,6 +366,20 @@ class CoordinationConfig(_Model):
         return self
 
 
+class BudgetConfig(_Model):
+    """What one key may spend per calendar period (UTC): tokens, cost, or both."""
+
+    period: Literal["hour", "day", "month"]
+    tokens: int | None = Field(default=None, ge=1)  # prompt + completion
+    cost: float | None = Field(default=None, gt=0)  # in the config's currency
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Self:
+        if self.tokens is None and self.cost is None:
+            raise ValueError("a budget needs 'tokens', 'cost' or both")
+        return self
+
+
 class ApiKeyConfig(_Model):
     """One client key: stored as its SHA-256 (hex), or read from an environment variable."""
 
@@ -358,6 +388,9 @@ class ApiKeyConfig(_Model):
     key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     tenant: str = Field(min_length=1, max_length=64)
     admin: bool = False  # may call /admin/*
+    priority: Priority = Priority.STANDARD
+    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)  # per gateway process
+    budgets: tuple[BudgetConfig, ...] = ()
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

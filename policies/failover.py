@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policies.breaker import BreakerState
+from policies.config import Priority
 from policies.redis_slots import RedisSlotPool, RedisTicket
 from policies.slots import (
     CoordinationError,
@@ -36,9 +37,10 @@ def local_share(slots: int, expected_replicas: int) -> int:
 
 
 class FailoverTicket:
-    def __init__(self, pool: FailoverPool, ticket: RedisTicket) -> None:
+    def __init__(self, pool: FailoverPool, ticket: RedisTicket, priority: Priority) -> None:
         self._pool = pool
         self._ticket: Ticket = ticket  # a LocalTicket after a move
+        self._priority = priority
 
     @property
     def position(self) -> int:
@@ -51,7 +53,8 @@ class FailoverTicket:
             return lease
         except CoordinationError:
             pass
-        self._ticket = await self._pool.local_ticket()  # Redis went away while we waited
+        # Redis went away while we waited: on to the local line, in the same class
+        self._ticket = await self._pool.local_ticket(self._priority)
         left = deadline - time.monotonic()
         if left <= 0:
             await self._ticket.withdraw()
@@ -131,15 +134,15 @@ class FailoverPool:
         except CoordinationError:
             return self._local().acquire_nowait()
 
-    async def enqueue(self) -> Ticket | None:
+    async def enqueue(self, priority: Priority = Priority.STANDARD) -> Ticket | None:
         try:
-            ticket = await self.shared.enqueue()
+            ticket = await self.shared.enqueue(priority)
         except CoordinationError:
-            return self._local().enqueue_nowait()
-        return None if ticket is None else FailoverTicket(self, ticket)
+            return self._local().enqueue_nowait(priority)
+        return None if ticket is None else FailoverTicket(self, ticket, priority)
 
-    async def local_ticket(self) -> Ticket:
-        ticket = self._local().enqueue_nowait()
+    async def local_ticket(self, priority: Priority) -> Ticket:
+        ticket = self._local().enqueue_nowait(priority)
         if ticket is None:
             raise PoolUnavailable(self.name, self.retry_after_s())
         return ticket

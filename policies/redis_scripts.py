@@ -4,7 +4,8 @@ Every script works on the keys of one pool, which share a hash tag (Redis Cluste
 in this order:
 
     KEYS[1]  holders   sorted set  lease id -> expiry (ms, Redis clock)
-    KEYS[2]  waiters   sorted set  ticket id -> sequence number (FIFO order)
+    KEYS[2]  waiters   sorted set  ticket id -> class rank x 1e13 + sequence number
+                                   (priority class first, then FIFO)
     KEYS[3]  alive     sorted set  ticket id -> expiry (ms): a waiter's heartbeat
     KEYS[4]  sequence  counter     the last sequence number handed out
     KEYS[5]  fencing   counter     the last fencing token handed out
@@ -14,21 +15,25 @@ in this order:
                                    so a replica keeps the newest counts it has heard of;
                                    it starts at Redis's time in ms x 1000, so it still grows
                                    across a restart that lost it
+    KEYS[9]  shed      sorted set  ticket id -> expiry (ms): waiters displaced by a higher
+                                   class, until their replica's POLL has told them
 
 Time is Redis's own (`TIME`), never a replica's clock. Every script first drops expired
 holders (a crashed replica's leases) and dead waiters (a crashed replica's tickets) and,
 if it dropped any, publishes a wake-up so live waiters re-check. A ticket that is granted
 becomes a lease with the same id.
 
-Messages on a pool's channel read `kind:version:holders:waiters`. `release`, `withdraw`
-and `expired` wake waiters (a slot may be theirs, or their place moved up); `grant` only
-tells the other replicas the new counts.
+Messages on a pool's channel read `kind:version:holders:waiters:sheddable`. `release`,
+`withdraw`, `expired` and `shed` wake waiters (a slot may be theirs, or their place
+moved); `grant` only tells the other replicas the new counts.
 """
 
 from __future__ import annotations
 
-KEY_NAMES = ("holders", "waiters", "alive", "seq", "fence", "granted", "tokens", "version")
-WAKING_KINDS = (b"release", b"withdraw", b"expired")
+KEY_NAMES = ("holders", "waiters", "alive", "seq", "fence", "granted", "tokens", "version",
+             "shed")
+WAKING_KINDS = (b"release", b"withdraw", b"expired", b"shed")
+SHED = -2  # POLL's status for a ticket displaced by a higher class
 
 _PRELUDE = """
 local function now_ms()
@@ -36,9 +41,11 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+local SHED_FLOOR = 2e13  -- the scores of the sheddable class
+
 local function state()
   return {tonumber(redis.call('GET', KEYS[8]) or '0'), redis.call('ZCARD', KEYS[1]),
-          redis.call('ZCARD', KEYS[2])}
+          redis.call('ZCARD', KEYS[2]), redis.call('ZCOUNT', KEYS[2], SHED_FLOOR, '+inf')}
 end
 
 local function changed(kind, channel)
@@ -49,7 +56,8 @@ local function changed(kind, channel)
   redis.call('INCR', KEYS[8])
   local s = state()
   if kind then
-    redis.call('PUBLISH', channel, string.format('%s:%.0f:%d:%d', kind, s[1], s[2], s[3]))
+    redis.call('PUBLISH', channel,
+               string.format('%s:%.0f:%d:%d:%d', kind, s[1], s[2], s[3], s[4]))
   end
   return s
 end
@@ -61,6 +69,7 @@ local function purge(now, channel)
     redis.call('ZREM', KEYS[6], id)
     redis.call('HDEL', KEYS[7], id)
   end
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
   for _, id in ipairs(dead) do
     redis.call('ZREM', KEYS[3], id)
@@ -82,7 +91,7 @@ end
 
 # ACQUIRE: a free slot for a newcomer, only when nobody waits (newcomers never overtake).
 #   ARGV[1] capacity   ARGV[2] lease id   ARGV[3] ttl ms   ARGV[4] wake-up channel
-#   returns {token or 0, version, holders, waiters}
+#   returns {token or 0, version, holders, waiters, sheddable}
 ACQUIRE = _PRELUDE + """
 local now = now_ms()
 purge(now, ARGV[4])
@@ -90,26 +99,40 @@ local s = state()
 if s[2] < tonumber(ARGV[1]) and s[3] == 0 then
   local token = grant(ARGV[2], now, tonumber(ARGV[3]))
   s = changed(nil, ARGV[4])
-  return {token, s[1], s[2], s[3]}
+  return {token, s[1], s[2], s[3], s[4]}
 end
-return {0, s[1], s[2], s[3]}
+return {0, s[1], s[2], s[3], s[4]}
 """
 
-# ENQUEUE: a place at the end of the line, unless the line is full.
+# ENQUEUE: a place at the end of its class's line, unless the line is full; then a
+# newcomer of a higher class than `sheddable` takes the place of the newest sheddable one.
 #   ARGV[1] queue limit   ARGV[2] ticket id   ARGV[3] ttl ms   ARGV[4] wake-up channel
-#   returns {position (1 = next) or 0 when full, version, holders, waiters}
+#   ARGV[5] class rank (0 critical, 1 standard (the default), 2 sheddable)
+#   returns {position (1 = next) or 0 when full, version, holders, waiters, sheddable}
 ENQUEUE = _PRELUDE + """
 local now = now_ms()
+local ttl, rank = tonumber(ARGV[3]), tonumber(ARGV[5] or '1')
 purge(now, ARGV[4])
 local s = state()
+local kind = nil
 if s[3] >= tonumber(ARGV[1]) then
-  return {0, s[1], s[2], s[3]}
+  local victim = {}
+  if rank < 2 then
+    victim = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', SHED_FLOOR, 'LIMIT', 0, 1)
+  end
+  if #victim == 0 then
+    return {0, s[1], s[2], s[3], s[4]}
+  end
+  redis.call('ZREM', KEYS[2], victim[1])
+  redis.call('ZREM', KEYS[3], victim[1])
+  redis.call('ZADD', KEYS[9], now + ttl, victim[1])
+  kind = 'shed'
 end
 local seq = redis.call('INCR', KEYS[4])
-redis.call('ZADD', KEYS[2], seq, ARGV[2])
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[2])
-s = changed(nil, ARGV[4])
-return {s[3], s[1], s[2], s[3]}
+redis.call('ZADD', KEYS[2], string.format('%.0f', rank * 1e13 + seq), ARGV[2])
+redis.call('ZADD', KEYS[3], now + ttl, ARGV[2])
+s = changed(kind, ARGV[4])
+return {redis.call('ZRANK', KEYS[2], ARGV[2]) + 1, s[1], s[2], s[3], s[4]}
 """
 
 # POLL: for each of one replica's tickets, grant it if its rank is below the free slots
@@ -117,8 +140,9 @@ return {s[3], s[1], s[2], s[3]}
 # heartbeat and report its position. A ticket already granted (a reply lost to a timeout)
 # is reported granted again, with its token.
 #   ARGV[1] capacity   ARGV[2] ttl ms   ARGV[3] wake-up channel   ARGV[4..] ticket ids
-#   returns {version, holders, waiters, now, {grant times...}, status1, value1, ...}
-#     status 1: granted, value = fencing token; 0: waiting, value = position; -1: gone
+#   returns {version, holders, waiters, sheddable, now, {grant times...}, status1, value1...}
+#     status 1: granted, value = fencing token; 0: waiting, value = position; -1: gone;
+#     -2: displaced by a higher class (shed)
 POLL = _PRELUDE + """
 local now = now_ms()
 local cap, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -145,6 +169,9 @@ for i = 4, #ARGV do
     if token then
       table.insert(out, 1)
       table.insert(out, tonumber(token))
+    elseif redis.call('ZREM', KEYS[9], id) == 1 then
+      table.insert(out, -2)
+      table.insert(out, 0)
     else
       table.insert(out, -1)
       table.insert(out, 0)
@@ -158,7 +185,7 @@ end
 local times = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
 local granted = {}
 for i = 2, #times, 2 do table.insert(granted, times[i]) end
-local head = {s[1], s[2], s[3], now, granted}
+local head = {s[1], s[2], s[3], s[4], now, granted}
 for _, v in ipairs(out) do table.insert(head, v) end
 return head
 """
@@ -185,27 +212,30 @@ return 0
 
 # RELEASE: give a lease back (idempotent) and wake the waiters of every replica.
 #   ARGV[1] lease id   ARGV[2] wake-up channel
-#   returns {1 released or 0 not held (released already, or expired), version, holders, waiters}
+#   returns {1 released or 0 not held (released already or expired), version, holders,
+#            waiters, sheddable}
 RELEASE = _PRELUDE + """
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   local s = changed('release', ARGV[2])
-  return {1, s[1], s[2], s[3]}
+  return {1, s[1], s[2], s[3], s[4]}
 end
 local s = state()
-return {0, s[1], s[2], s[3]}
+return {0, s[1], s[2], s[3], s[4]}
 """
 
 # WITHDRAW: leave the line (idempotent); those behind move up, so wake them.
 #   ARGV[1] ticket id   ARGV[2] wake-up channel
-#   returns {1 left or 0 not in line (granted, expired or gone), version, holders, waiters}
+#   returns {1 left or 0 not in line (granted, expired, shed or gone), version, holders,
+#            waiters, sheddable}
 WITHDRAW = _PRELUDE + """
 redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
   local s = changed('withdraw', ARGV[2])
-  return {1, s[1], s[2], s[3]}
+  return {1, s[1], s[2], s[3], s[4]}
 end
+redis.call('ZREM', KEYS[9], ARGV[1])
 local s = state()
-return {0, s[1], s[2], s[3]}
+return {0, s[1], s[2], s[3], s[4]}
 """

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from policies.breaker import BreakerState, CircuitBreaker
+from policies.config import Priority
 from policies.eta import HoldTimeModel, predict_wait
 from policies.redis_scripts import (
     ACQUIRE,
@@ -37,10 +38,11 @@ from policies.redis_scripts import (
     POLL,
     RELEASE,
     RENEW,
+    SHED,
     WAKING_KINDS,
     WITHDRAW,
 )
-from policies.slots import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueTimeout
+from policies.slots import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueShed, QueueTimeout
 
 log = logging.getLogger("slotgate.redis")
 _RETRIES = 5  # background retries of a release or withdrawal by id
@@ -275,6 +277,7 @@ class RedisSlotPool:
         coordinator.pools[self.channel.encode()] = self
         self.active = 0  # as Redis last said, in a reply or a wake-up
         self.queued = 0
+        self.sheddable = 0  # of `queued`
         self.version = 0
         self._ages: list[float] = []
         self._ages_at = 0.0
@@ -290,7 +293,7 @@ class RedisSlotPool:
 
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(self.name, self.capacity, self.active, self.queued,
-                            self.queue_limit, self.estimator.mean_s)
+                            self.queue_limit, self.estimator.mean_s, self.sheddable)
 
     def forecast(self, position: int) -> float:
         if self.clock() - self._forecast_at > FORECAST_TTL_S:
@@ -322,23 +325,24 @@ class RedisSlotPool:
     async def try_acquire(self) -> RedisLease | None:
         lease_id = _new_id()
         try:
-            token, version, active, queued = await self.coordinator.call(
+            token, *counts = await self.coordinator.call(
                 "acquire", self.keys, [self.capacity, lease_id, self.ttl_ms, self.channel])
         except CoordinationError:
             self.coordinator.in_background(lambda: self.release_id(lease_id))  # it may exist
             raise
-        self._state(version, active, queued)
+        self._state(*counts)
         return RedisLease(self, lease_id, token) if token else None
 
-    async def enqueue(self) -> RedisTicket | None:
+    async def enqueue(self, priority: Priority = Priority.STANDARD) -> RedisTicket | None:
         ticket_id = _new_id()
         try:
-            position, version, active, queued = await self.coordinator.call(
-                "enqueue", self.keys, [self.queue_limit, ticket_id, self.ttl_ms, self.channel])
+            position, *counts = await self.coordinator.call(
+                "enqueue", self.keys,
+                [self.queue_limit, ticket_id, self.ttl_ms, self.channel, priority.rank])
         except CoordinationError:
             self.coordinator.in_background(lambda: self.withdraw_id(ticket_id))
             raise
-        self._state(version, active, queued)
+        self._state(*counts)
         if not position:
             return None
         ticket = RedisTicket(self, ticket_id, position)
@@ -349,10 +353,10 @@ class RedisSlotPool:
     # -- waiting --------------------------------------------------------------------------
 
     def heard(self, message: bytes) -> None:
-        """A change announced on the pool's channel: `kind:version:holders:waiters`."""
+        """A change announced on the pool's channel: `kind:version:holders:waiters:shed`."""
         try:
-            kind, version, active, queued = message.split(b":")
-            self._state(int(version), int(active), int(queued))
+            kind, version, active, queued, *shed = message.split(b":")
+            self._state(int(version), int(active), int(queued), int(shed[0]) if shed else 0)
         except ValueError:
             log.debug("ignored a malformed wake-up on %s: %r", self.channel, message[:64])
             return
@@ -386,12 +390,12 @@ class RedisSlotPool:
         reply = await self.coordinator.call(
             "poll", self.keys,
             [self.capacity, self.ttl_ms, self.channel, *(t.id for t in tickets)])
-        version, active, queued, now_ms, granted = reply[:5]
+        version, active, queued, sheddable, now_ms, granted = reply[:6]
         self._ages = [(int(now_ms) - float(g)) / 1000 for g in granted]
         self._ages_at = self.clock()
         moved = False
         for i, ticket in enumerate(tickets):
-            status, value = reply[5 + 2 * i], reply[6 + 2 * i]
+            status, value = reply[6 + 2 * i], reply[7 + 2 * i]
             if status == 1:
                 lease = RedisLease(self, ticket.id, value)
                 self._tickets.pop(ticket.id, None)
@@ -403,11 +407,16 @@ class RedisSlotPool:
             elif status == 0:
                 moved |= ticket.position != value
                 ticket.position = value
+            elif status == SHED:  # a higher class took its place
+                self._tickets.pop(ticket.id, None)
+                ticket.position = 0
+                if not ticket.future.done():
+                    ticket.future.set_exception(QueueShed())
             else:  # expired in Redis (this process was cut off past the TTL)
                 self._tickets.pop(ticket.id, None)
                 if not ticket.future.done():
                     ticket.future.set_exception(CoordinationError("place in line expired"))
-        self._state(version, active, queued, moved)
+        self._state(version, active, queued, sheddable, moved)
 
     def _fail_if_open(self, exc: CoordinationError) -> None:
         """With the breaker open, waiting here is waiting for nothing: tell the waiters."""
@@ -435,28 +444,31 @@ class RedisSlotPool:
     async def _retried(self, script: str, item: str) -> int:
         for attempt in range(_RETRIES):
             try:
-                done, version, active, queued = await self.coordinator.call(
+                done, *counts = await self.coordinator.call(
                     script, self.keys, [item, self.channel])
             except CoordinationError:
                 await asyncio.sleep(self.recheck_s * (attempt + 1))  # retry backoff
                 continue
-            self._state(version, active, queued)
+            self._state(*counts)
             return int(done)
         log.warning("%s of %s on %s failed; Redis expires it within %g s", script, item,
                     self.name, self.lease_ttl_s)
         return 0
 
-    def _state(self, version: int, active: int, queued: int, moved: bool = False) -> None:
+    def _state(self, version: int, active: int, queued: int, sheddable: int = 0,
+               moved: bool = False) -> None:
         """Take Redis's counts unless older than those already heard; tell watchers and
         waiters if they (or a position here) changed."""
         version = int(version)
-        if version < self.version:
-            active, queued = self.active, self.queued  # a late reply: keep the newer counts
+        if version < self.version:  # a late reply: keep the newer counts
+            active, queued, sheddable = self.active, self.queued, self.sheddable
         self.version = max(self.version, version)
         active, queued = max(0, int(active)), max(0, int(queued))
-        if (active, queued) == (self.active, self.queued) and not moved:
+        sheddable = max(0, int(sheddable))
+        if (active, queued, sheddable) == (self.active, self.queued, self.sheddable) \
+                and not moved:
             return
-        self.active, self.queued = active, queued
+        self.active, self.queued, self.sheddable = active, queued, sheddable
         self._forecasts.clear()
         if self._change is not None and not self._change.done():
             self._change.set_result(None)

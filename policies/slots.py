@@ -1,8 +1,10 @@
-"""Slot pools: bounded concurrency per backend with a bounded FIFO queue.
+"""Slot pools: bounded concurrency per backend with a bounded queue.
 
 `SlotPool` is the role; `LocalSlotPool` is the in-process mechanism (asyncio, one
-event loop). A release hands the slot straight to the oldest live waiter: no polling,
-no wake-all, no barging. No I/O here.
+event loop). The queue is ordered by priority class, then FIFO within a class. A release
+hands the slot straight to the first live waiter: no polling, no wake-all, no barging.
+When the queue is full, a newcomer of a higher class takes the place of the newest
+`sheddable` waiter, who is told so (`QueueShed`). No I/O here.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from policies.config import Priority
 from policies.eta import HoldTimeModel, predict_wait
+
+SHEDDABLE = Priority.SHEDDABLE.rank
 
 
 class QueueTimeout(Exception):
     """The ticket waited past its deadline without being granted a slot."""
+
+
+class QueueShed(Exception):
+    """The ticket gave its place to a higher-priority request (the queue was full)."""
 
 
 class CoordinationError(Exception):
@@ -43,6 +52,7 @@ class PoolSnapshot:
     queued: int
     queue_limit: int
     mean_hold_s: float
+    sheddable: int = 0  # of `queued`: waiters a higher class may displace
 
     @property
     def free(self) -> int:
@@ -51,6 +61,12 @@ class PoolSnapshot:
     @property
     def queue_room(self) -> int:
         return max(0, self.queue_limit - self.queued)
+
+    def room_for(self, priority: Priority) -> int:
+        """Places in the queue for a newcomer of `priority` (counting displaceable ones)."""
+        if priority is Priority.SHEDDABLE:
+            return self.queue_room
+        return self.queue_room + self.sheddable
 
 
 class Lease(Protocol):
@@ -73,7 +89,7 @@ class Ticket(Protocol):
     @property
     def position(self) -> int: ...  # 1 = next to be served
 
-    async def wait(self, timeout_s: float) -> Lease: ...  # raises QueueTimeout
+    async def wait(self, timeout_s: float) -> Lease: ...  # raises QueueTimeout, QueueShed
 
     async def withdraw(self) -> None: ...  # leave the queue; pass on a slot granted meanwhile
 
@@ -101,7 +117,8 @@ class SlotPool(Protocol):
 
     async def try_acquire(self) -> Lease | None: ...  # a free slot now, or None
 
-    async def enqueue(self) -> Ticket | None: ...  # a ticket, or None when the queue is full
+    async def enqueue(self, priority: Priority = Priority.STANDARD) -> Ticket | None:
+        ...  # a ticket, or None when the queue is full (and holds no one to displace)
 
     def resize(self, capacity: int, queue_limit: int) -> None: ...  # for new admissions
 
@@ -139,12 +156,14 @@ class LocalLease:
 
 
 class LocalTicket:
-    __slots__ = ("_claimed", "_future", "_pool", "enqueued_at")
+    __slots__ = ("_claimed", "_future", "_pool", "enqueued_at", "rank")
 
-    def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease]) -> None:
+    def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease],
+                 rank: int) -> None:
         self._pool = pool
         self._future = future
         self._claimed = False
+        self.rank = rank
         self.enqueued_at = pool.clock()
 
     @property
@@ -183,7 +202,7 @@ class LocalTicket:
 
     def _granted(self) -> LocalLease | None:
         fut = self._future
-        if fut.done() and not fut.cancelled():
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
             return fut.result()
         return None
 
@@ -205,7 +224,10 @@ class LocalSlotPool:
         self.estimator = estimator
         self.clock = clock
         self.active = 0
-        self._waiters: OrderedDict[LocalTicket, None] = OrderedDict()
+        self.shed = 0  # waiters displaced so far
+        # One FIFO line per priority class, served in class order.
+        self._lines: tuple[OrderedDict[LocalTicket, None], ...] = tuple(
+            OrderedDict() for _ in Priority)
         self._watchers: list[Callable[[LocalSlotPool], None]] = []
         self._leases: dict[LocalLease, float] = {}  # held now -> granted at
         self._change: asyncio.Future[None] | None = None
@@ -216,16 +238,17 @@ class LocalSlotPool:
 
     @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return sum(map(len, self._lines))
 
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(
             self.name,
             self.capacity,
             self.active,
-            len(self._waiters),
+            self.queued,
             self.queue_limit,
             self.estimator.mean_s,
+            len(self._lines[SHEDDABLE]),
         )
 
     def forecast(self, position: int) -> float:
@@ -256,7 +279,7 @@ class LocalSlotPool:
         """New limits for new admissions. Leases held stay valid (a smaller pool admits
         no one until enough are released); a larger one serves its waiters at once."""
         self.capacity, self.queue_limit = capacity, queue_limit
-        while self.active < self.capacity and self._waiters:
+        while self.active < self.capacity and self.queued:
             self.active += 1
             self._grant_next(self.clock())
         self._changed()
@@ -266,7 +289,7 @@ class LocalSlotPool:
 
     def acquire_nowait(self) -> LocalLease | None:
         # Newcomers never overtake waiters: a slot only becomes free when nobody waits.
-        if self.active >= self.capacity or self._waiters:
+        if self.active >= self.capacity or self.queued:
             return None
         self.active += 1
         lease = LocalLease(self, self.clock())
@@ -274,14 +297,21 @@ class LocalSlotPool:
         self._changed()
         return lease
 
-    async def enqueue(self) -> LocalTicket | None:
-        return self.enqueue_nowait()
+    async def enqueue(self, priority: Priority = Priority.STANDARD) -> LocalTicket | None:
+        return self.enqueue_nowait(priority)
 
-    def enqueue_nowait(self) -> LocalTicket | None:
-        if len(self._waiters) >= self.queue_limit:
-            return None
-        ticket = LocalTicket(self, asyncio.get_running_loop().create_future())
-        self._waiters[ticket] = None
+    def enqueue_nowait(self, priority: Priority = Priority.STANDARD) -> LocalTicket | None:
+        rank = priority.rank
+        if self.queued >= self.queue_limit:
+            victims = self._lines[SHEDDABLE]
+            if rank >= SHEDDABLE or not victims:
+                return None
+            victim, _ = victims.popitem(last=True)  # the newest of the lowest class
+            if not victim._future.done():
+                victim._future.set_exception(QueueShed())
+            self.shed += 1
+        ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank)
+        self._lines[rank][ticket] = None
         if self.active < self.capacity:  # a free slot and an empty line: no release will come
             self.active += 1
             self._grant_next(self.clock())
@@ -289,14 +319,19 @@ class LocalSlotPool:
         return ticket
 
     def _position(self, ticket: LocalTicket) -> int:
-        for i, waiter in enumerate(self._waiters, 1):
+        line = self._lines[ticket.rank]
+        if ticket not in line:
+            return 0
+        ahead = sum(len(self._lines[rank]) for rank in range(ticket.rank))
+        for i, waiter in enumerate(line, ahead + 1):
             if waiter is ticket:
                 return i
         return 0
 
     def _leave(self, ticket: LocalTicket) -> None:
-        if ticket in self._waiters:
-            del self._waiters[ticket]
+        line = self._lines[ticket.rank]
+        if ticket in line:
+            del line[ticket]
             self._changed()
 
     def _release(self, lease: LocalLease) -> None:
@@ -307,14 +342,15 @@ class LocalSlotPool:
         self._changed()
 
     def _grant_next(self, now: float) -> None:
-        """Hand one slot (counted in `active`) to the oldest live waiter, else free it."""
-        while self._waiters:
-            ticket, _ = self._waiters.popitem(last=False)
-            if not ticket._future.done():  # skip tickets cancelled but not yet gone
-                handed = LocalLease(self, now)
-                self._leases[handed] = now
-                ticket._future.set_result(handed)
-                return
+        """Hand one slot (counted in `active`) to the first live waiter, else free it."""
+        for line in self._lines:
+            while line:
+                ticket, _ = line.popitem(last=False)
+                if not ticket._future.done():  # skip tickets cancelled but not yet gone
+                    handed = LocalLease(self, now)
+                    self._leases[handed] = now
+                    ticket._future.set_result(handed)
+                    return
         self.active -= 1
 
     def _changed(self) -> None:

@@ -15,10 +15,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, CoordinationMode
+from policies.quotas import Quotas, period_bounds
 from router import admin, dispatch, pages
 from router.assembly import add_backend, health_check, wire_routes
 from router.auth import Keyring
 from router.gateway import GATEWAY, Gateway
+from router.ledger import Ledger
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError
 from router.pools import start_coordinator
@@ -51,12 +53,20 @@ def create_app(config: Config) -> web.Application:
     return app
 
 
+async def seed_quotas(quotas: Quotas, ledger: Ledger) -> None:
+    """Budgets survive a restart: each key starts with what the ledger says it used."""
+    for period in quotas.periods():
+        start, _ = period_bounds(period, quotas.clock())
+        quotas.seed(period, await ledger.store.spent(start))
+
+
 async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     try:
         if gw.config.coordination.mode is CoordinationMode.REDIS:
             gw.coordinator = await start_coordinator(gw.config.coordination)
         gw.keyring = Keyring(gw.config.auth)
+        gw.quotas = Quotas(gw.config.auth.keys)
         gw.health.probe = lambda name: health_check(gw, name)
         for name, backend in gw.config.backends.items():
             await add_backend(gw, name, backend)
@@ -67,6 +77,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         if gw.config.ledger.enabled:
             gw.ledger = open_ledger(gw.config.ledger)
             await gw.ledger.start()
+            await seed_quotas(gw.quotas, gw.ledger)
             gw.metrics.watch_ledger(gw.ledger)
         gw.ready = True
         yield

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from policies.config import AuthConfig
+from policies.config import AuthConfig, Priority
 from router.config import ConfigError, ConfigProblem
 from router.openai_api import ApiError
 
@@ -25,6 +25,7 @@ class Caller:
     tenant: str
     admin: bool
     digest: bytes
+    priority: Priority = Priority.STANDARD
 
 
 class Keyring:
@@ -42,7 +43,8 @@ class Keyring:
                         f"auth.keys[{i}].key_env", f"environment variable {key.key_env} is "
                         "not set", None)], "environment")
                 digest = hashlib.sha256(secret.encode()).digest()
-            self._by_digest[digest] = Caller(key.id, key.tenant, key.admin, digest)
+            self._by_digest[digest] = Caller(key.id, key.tenant, key.admin, digest,
+                                             key.priority)
 
     def caller(self, request: web.Request) -> Caller | None:
         """The caller of a request; raises a 401 when auth is on and the key is wrong."""
@@ -55,6 +57,18 @@ class Keyring:
         if not presented or found is None or not hmac.compare_digest(found.digest, digest):
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         return found
+
+    @staticmethod
+    def priority(caller: Caller | None, request: web.Request) -> Priority:
+        """The key's class; a client may lower its own (`x-slotgate-priority: sheddable`,
+        e.g. for batch work), never raise it."""
+        own = caller.priority if caller is not None else Priority.STANDARD
+        asked = request.headers.get("x-slotgate-priority", "").strip().lower()
+        if asked in Priority.__members__.values():
+            wanted = Priority(asked)
+            if wanted.rank > own.rank:
+                return wanted
+        return own
 
     def admin(self, request: web.Request) -> None:
         """Admin endpoints: with auth on, only an admin key (401 for none, 403 for others)."""

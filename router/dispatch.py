@@ -21,11 +21,11 @@ from aiohttp import web
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
-from policies.config import Config, FallbackWhen, Overflow, RouteConfig
+from policies.config import Config, FallbackWhen, Overflow, Priority, RouteConfig
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
-from policies.slots import Lease, PoolUnavailable, QueueTimeout, SlotPool, Ticket
+from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
 from router.faults import backend_failed
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
@@ -39,7 +39,9 @@ from router.openai_api import (
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, forward
 from router.record import Phase, RequestRecord, key_id, request_id, subject
+from router.rejections import rejection
 from router.sse import Usage, queue_frame, start_frame
+from router.usage import count_tokens
 
 log = logging.getLogger("slotgate.access")
 _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
@@ -85,7 +87,9 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
             raise exchange.rejection(RejectReason.DRAINING, config.server.retry_after_min_s,
                                      None)
         if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
-            rec.tenant = caller.tenant
+            rec.tenant, rec.key_id = caller.tenant, caller.key_id
+        exchange.priority = gw.keyring.priority(caller, request)
+        rec.priority = exchange.priority.value
         check_content_type(request)
         async with asyncio.timeout(config.server.body_read_timeout_s):
             raw = await read_body(request, config.server.max_body_bytes)
@@ -101,6 +105,11 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                            f"window of {window} tokens.", code="context_length_exceeded",
                            param="max_tokens")
         rec.route, rec.primary = parsed.model, route.primary
+        if caller is not None:  # the key's own limits, checked before it takes anything
+            if (refusal := gw.quotas.admit(caller.key_id)) is not None:
+                raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
+                                         refusal.message)
+            rec.quota_held = True
         experiment = gw.experiments.get(parsed.model)
         if experiment is not None:
             key = caller.key_id if caller is not None else rec.tenant
@@ -139,7 +148,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 class Exchange:
     """The state of one request while it is admitted, queued and forwarded."""
 
-    __slots__ = ("config", "facts", "gw", "parsed", "rec", "request", "response")
+    __slots__ = ("config", "facts", "gw", "parsed", "priority", "rec", "request", "response")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config) -> None:
@@ -150,6 +159,7 @@ class Exchange:
         self.response: web.StreamResponse | None = None  # set once SSE headers went out
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
         self.parsed: ParsedRequest | None = None
+        self.priority = Priority.STANDARD
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
         health = self.gw.health
@@ -219,7 +229,7 @@ class Exchange:
         lease = await pool.try_acquire()
         if lease is not None:
             return lease
-        ticket = await pool.enqueue()
+        ticket = await pool.enqueue(self.priority)
         if ticket is None:
             raise self.rejection(RejectReason.QUEUE_FULL, self.retry_after([pool]), backend)
         return await self.wait(parsed, pool, ticket, None)
@@ -233,7 +243,7 @@ class Exchange:
         for _ in range(_ADMIT_ATTEMPTS):
             decision = decide(
                 primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow,
-                server.retry_after_min_s, server.retry_after_max_s,
+                server.retry_after_min_s, server.retry_after_max_s, self.priority,
             )
             if isinstance(decision, Reject):
                 tried = [primary, *fallbacks] if route.overflow is Overflow.FALLBACK else [primary]
@@ -250,7 +260,7 @@ class Exchange:
             lease = await pool.try_acquire()
             if lease is not None:
                 return lease
-            ticket = await pool.enqueue()
+            ticket = await pool.enqueue(self.priority)
             if ticket is not None:
                 return await self.wait(parsed, pool, ticket, movable)
         raise self.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
@@ -318,6 +328,8 @@ class Exchange:
         except QueueTimeout:
             raise self.rejection(RejectReason.QUEUE_TIMEOUT, self.retry_after([pool]),
                                  pool.name) from None
+        except QueueShed:
+            raise self.rejection(RejectReason.SHED, self.retry_after([pool]), pool.name) from None
         finally:
             if heartbeat is not None:
                 # Not awaited: a granted request goes upstream at once. Cancelled at an
@@ -433,19 +445,7 @@ class Exchange:
             if relay.first_byte_at is not None:
                 rec.ttft_ms = (relay.first_byte_at - rec.started_at) * 1000
             if relay.status == 200:  # the backend took the request and began to answer
-                self.count_tokens(parsed, relay.usage)
-
-    def count_tokens(self, parsed: ParsedRequest, usage: Usage) -> None:
-        """The backend's usage, or the gateway's estimate (marked) when it gave none."""
-        rec = self.rec
-        if usage.known:
-            rec.prompt_tokens = usage.prompt_tokens
-            rec.completion_tokens = usage.completion_tokens
-            return
-        rec.tokens_estimated = True
-        text = request_text(parsed.body)
-        rec.prompt_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
-        rec.completion_tokens = usage.seen_events if parsed.stream else usage.completion_tokens
+                count_tokens(rec, parsed, relay.usage)
 
     def headers(self) -> dict[str, str]:
         rec = self.rec
@@ -466,22 +466,9 @@ class Exchange:
         soonest = min(pool.forecast(1) for pool in pools)
         return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
 
-    def rejection(self, reason: RejectReason, retry_s: int, backend: str | None) -> ApiError:
-        self.gw.metrics.rejections.labels(backend or "none", reason.value).inc()
-        if reason is RejectReason.QUEUE_FULL:
-            err = ApiError(429, "All slots and queues for this model are full; retry later.",
-                           "rate_limit_error", reason.value)
-        elif reason is RejectReason.DRAINING:
-            err = ApiError(503, "The gateway is shutting down; retry (another replica will "
-                           "answer).", "server_error", reason.value)
-        elif reason is RejectReason.UNAVAILABLE:
-            err = ApiError(503, "The shared slot pool is unavailable (its Redis cannot be "
-                           "reached); retry later.", "server_error", reason.value)
-        else:
-            err = ApiError(503, "Timed out waiting in the queue for a free slot; retry later.",
-                           "server_error", reason.value)
-        err.headers.update({"Retry-After": str(retry_s), "x-slotgate-reject-reason": reason.value})
-        return err
+    def rejection(self, reason: RejectReason, retry_s: int, backend: str | None,
+                  message: str | None = None) -> ApiError:
+        return rejection(self.gw.metrics, reason, retry_s, backend, message)
 
     async def fail(self, err: ApiError) -> web.StreamResponse:
         err.headers.update(self.headers())

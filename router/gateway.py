@@ -18,6 +18,7 @@ from policies.config import AuthConfig, Config
 from policies.experiments import Experiment
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
+from policies.quotas import Quotas
 from policies.slots import SlotPool
 from router.auth import Keyring
 from router.faults import BackendHealth
@@ -49,6 +50,7 @@ class Gateway:
     slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off
+    quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key caps and budgets
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After
@@ -94,8 +96,12 @@ class Gateway:
             model = self.slot_time.get(rec.backend)
             if model is not None:
                 model.observe(rec.completion_tokens or 0, rec.slot_ms / 1000)
+        if self.ledger is None and not rec.quota_held:
+            return
+        row = ledger_row(rec, self.config, self.slot_time)
+        if rec.quota_held and rec.key_id is not None:
+            self.quotas.finish(rec.key_id, row.prompt_tokens + row.completion_tokens, row.cost)
         if self.ledger is not None:
-            row = ledger_row(rec, self.config, self.slot_time)
             self.ledger.add(row)
             if row.cost and row.backend is not None:
                 self.metrics.add_cost(row.backend, self.config.currency, row.cost)

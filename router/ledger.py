@@ -50,6 +50,7 @@ class LedgerRow:
     tokens_estimated: bool  # the backend gave no usage: counted or estimated by the gateway
     cost: float  # in the config's currency
     counterfactual_cost: float  # the same request on the route's primary (estimated)
+    key_id: str | None = None  # the configured API key's id (auth on); budgets are kept by it
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))
@@ -81,6 +82,10 @@ class Store(Protocol):
 
     async def purge(self, before_ts: float) -> int:
         """Delete rows older than `before_ts`; returns how many."""
+        ...
+
+    async def spent(self, since: float) -> dict[str, tuple[int, float]]:
+        """Per key id: the tokens and cost of its requests since `since` (Unix seconds)."""
         ...
 
     async def close(self) -> None: ...

@@ -32,8 +32,9 @@ _TYPES = {
     "completion_tokens": "INTEGER NOT NULL", "tokens_estimated": "BOOLEAN NOT NULL",
     "cost": "DOUBLE PRECISION NOT NULL", "counterfactual_cost": "DOUBLE PRECISION NOT NULL",
 }
+_V1_COLUMNS = COLUMNS[:COLUMNS.index("key_id")]  # the table as step 1 made it
 _CREATE = "CREATE TABLE requests (\n  " + ",\n  ".join(
-    f'"{name}" {_TYPES.get(name, "TEXT")}' for name in COLUMNS) + "\n)"
+    f'"{name}" {_TYPES.get(name, "TEXT")}' for name in _V1_COLUMNS) + "\n)"
 COLUMN_LIST = ", ".join(f'"{name}"' for name in COLUMNS)  # quoted: "primary" is a keyword
 
 # Each step runs once, in order, in one transaction with its version record.
@@ -41,7 +42,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (_CREATE,
          "CREATE INDEX requests_ts ON requests (ts)",
          "CREATE INDEX requests_experiment_ts ON requests (experiment, ts)")),
+    (2, ("ALTER TABLE requests ADD COLUMN key_id TEXT",
+         "CREATE INDEX requests_key_ts ON requests (key_id, ts)")),
 )
+# What each key spent since a time (for budgets, read at startup).
+SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "
+         "WHERE ts >= {mark} AND key_id IS NOT NULL GROUP BY key_id")
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -146,6 +152,13 @@ class SQLiteStore:
                 return self._db.execute("DELETE FROM requests WHERE ts < ?",
                                         (before_ts,)).rowcount
         return await self._call(purge)
+
+    async def spent(self, since: float) -> dict[str, tuple[int, float]]:
+        def spent() -> dict[str, tuple[int, float]]:
+            assert self._db is not None, "open() first"
+            rows = self._db.execute(SPENT.format(mark="?"), (since,))
+            return {key: (int(tokens or 0), float(cost or 0)) for key, tokens, cost in rows}
+        return await self._call(spent)
 
     async def close(self) -> None:
         if self._db is not None:

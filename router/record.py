@@ -39,7 +39,10 @@ class RequestRecord:
     primary: str | None = None  # the route's primary: the counterfactual's backend
     experiment: str | None = None
     arm: str | None = None
-    tenant: str | None = None  # the API key id: a hash prefix, never the key
+    tenant: str | None = None  # the key's tenant (auth on), else a hash prefix of the key
+    key_id: str | None = None  # the configured key's id (auth on)
+    priority: str = "standard"
+    quota_held: bool = False  # counted in by the key's limits: `Quotas.finish` is owed
     backend: str | None = None
     reason: str | None = None
     stream: bool = False

@@ -65,6 +65,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
     except ConfigError as exc:
         raise ReloadRefused([str(p) for p in exc.problems]) from None
     gw.config, gw.keyring = new, keyring  # from here on, new requests see the new config
+    gw.quotas.configure(new.auth.keys)  # running counts and this period's spend are kept
     changes = []
     for name, backend in new.backends.items():
         if name not in gw.upstreams:

@@ -11,12 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from classifier.text import request_text
 from policies.config import Config
+from policies.fallback import estimate_tokens
 from policies.pricing import SlotTimeModel, request_cost
 from router.ledger import LedgerRow
 
 if TYPE_CHECKING:
+    from router.openai_api import ParsedRequest
     from router.record import RequestRecord
+    from router.sse import Usage
 
 CLIENT_CLOSED = 499  # the status a ledger row gets when the client left before the answer
 
@@ -48,5 +52,17 @@ def ledger_row(rec: RequestRecord, config: Config,
         queue_wait_ms=float(rec.queue_wait_ms), ttft_ms=rec.ttft_ms,
         total_ms=float(rec.total_ms), slot_ms=float(rec.slot_ms), prompt_tokens=prompt,
         completion_tokens=completion, tokens_estimated=rec.tokens_estimated,
-        cost=cost, counterfactual_cost=counterfactual,
+        cost=cost, counterfactual_cost=counterfactual, key_id=rec.key_id,
     )
+
+
+def count_tokens(rec: RequestRecord, parsed: ParsedRequest, usage: Usage) -> None:
+    """The backend's usage, or the gateway's estimate (marked) when it gave none."""
+    if usage.known:
+        rec.prompt_tokens = usage.prompt_tokens
+        rec.completion_tokens = usage.completion_tokens
+        return
+    rec.tokens_estimated = True
+    text = request_text(parsed.body)
+    rec.prompt_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
+    rec.completion_tokens = usage.seen_events if parsed.stream else usage.completion_tokens

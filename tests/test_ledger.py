@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from router.ledger import Ledger, LedgerRow, RowFilter
-from router.ledger_store import SCHEMA_VERSION, SQLiteStore, open_store
+from router.ledger import COLUMNS, Ledger, LedgerRow, RowFilter
+from router.ledger_store import MIGRATIONS, SCHEMA_VERSION, SQLiteStore, open_store
 
 
 def row(i: int, **fields: object) -> LedgerRow:
@@ -85,7 +85,47 @@ async def test_schema_is_created_once_and_reopened(ledger_target: str) -> None:
         with sqlite3.connect(ledger_target) as db:
             versions = [v for (v,) in db.execute("SELECT version FROM schema_migrations")]
             mode = db.execute("PRAGMA journal_mode").fetchone()[0]
-        assert versions == [SCHEMA_VERSION] and mode == "wal"
+        assert versions == list(range(1, SCHEMA_VERSION + 1)) and mode == "wal"
+
+
+async def test_a_first_version_ledger_is_migrated_with_its_rows(tmp_path: Path) -> None:
+    path = str(tmp_path / "v1.sqlite3")
+    with sqlite3.connect(path) as db:  # the table as the first release made it
+        db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, "
+                   "applied_at DOUBLE PRECISION NOT NULL)")
+        for statement in MIGRATIONS[0][1]:
+            db.execute(statement)
+        db.execute("INSERT INTO schema_migrations VALUES (1, 0)")
+        old = row(1)
+        columns = [c for c in COLUMNS if c != "key_id"]
+        quoted = ", ".join(f'"{c}"' for c in columns)  # "primary" is a keyword
+        db.execute(f"INSERT INTO requests ({quoted}) "
+                   f"VALUES ({', '.join('?' * len(columns))})",
+                   [getattr(old, c) for c in columns])
+    store = open_store(path)
+    await store.open()
+    try:
+        await store.write([row(2, key_id="team-a")])
+        assert [(r.id, r.key_id) for r in await store.fetch(RowFilter())] == [
+            ("row-1", None), ("row-2", "team-a")]
+    finally:
+        await store.close()
+
+
+async def test_spend_per_key_since_a_time(ledger_target: str) -> None:
+    """What budgets are seeded from at startup: tokens and cost per key id."""
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        await store.write([row(i, key_id="team-a" if i % 2 else "team-b") for i in range(1, 7)]
+                          + [row(7, key_id=None)])
+        since = 1_700_000_000.0 + 3  # rows 3..7
+        spent = await store.spent(since)
+        assert set(spent) == {"team-a", "team-b"}
+        assert spent["team-a"][0] == sum(10 + i + 100 + i for i in (3, 5))
+        assert spent["team-b"][1] == pytest.approx(0.00125 * (4 + 6))
+    finally:
+        await store.close()
 
 
 async def test_writer_batches_and_flushes_everything_on_close(ledger_target: str) -> None:

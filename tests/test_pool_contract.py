@@ -18,7 +18,8 @@ import pytest
 from policies.breaker import CircuitBreaker
 from policies.eta import HoldTimeEstimator
 from policies.redis_slots import RedisCoordinator, RedisSlotPool
-from policies.slots import Lease, LocalSlotPool, QueueTimeout, SlotPool, Ticket
+from policies.config import Priority
+from policies.slots import Lease, LocalSlotPool, QueueShed, QueueTimeout, SlotPool, Ticket
 from tests.conftest import RedisServer
 
 BOUND_S = 5.0  # the longest any step may take; a pass takes milliseconds
@@ -166,8 +167,8 @@ async def acquired(pool: SlotPool) -> Lease:
     return lease
 
 
-async def enqueued(pool: SlotPool) -> Ticket:
-    ticket = await pool.enqueue()
+async def enqueued(pool: SlotPool, priority: Priority = Priority.STANDARD) -> Ticket:
+    ticket = await pool.enqueue(priority)
     assert ticket is not None, f"queue full: (active, queued) = {state([pool])}"
     return ticket
 
@@ -449,3 +450,54 @@ async def test_a_ticket_in_an_empty_line_gets_a_free_slot(pool_factory: PoolFact
     assert state([pool]) == [(1, 0)]
     await lease.release()
     await idle(pool_factory, pool)
+
+
+async def test_higher_classes_are_served_first_fifo_within_one(
+    pool_factory: PoolFactory,
+) -> None:
+    a, b = await pool_factory(capacity=1, queue_limit=6, replicas=2)
+    lease = await acquired(a)
+    s1 = await enqueued(a)
+    x1 = await enqueued(b, Priority.SHEDDABLE)
+    c1 = await enqueued(b, Priority.CRITICAL)
+    s2 = await enqueued(a)
+    c2 = await enqueued(a, Priority.CRITICAL)
+    order = [c1, c2, s1, s2, x1]
+    await until(lambda: [t.position for t in order] == [1, 2, 3, 4, 5], a, b,
+                what="positions by class, then arrival")
+    tasks = {await waiting(t): t for t in order}
+    pending = set(tasks)
+    await lease.release()
+    for expected in order:
+        task = await next_granted(pending)
+        assert tasks[task] is expected
+        await (await task).release()
+    await idle(pool_factory, a, b)
+
+
+async def test_a_full_queue_sheds_its_newest_sheddable_waiter(pool_factory: PoolFactory) -> None:
+    a, b = await pool_factory(capacity=1, queue_limit=3, replicas=2)
+    lease = await acquired(a)
+    x1, x2 = await enqueued(a, Priority.SHEDDABLE), await enqueued(b, Priority.SHEDDABLE)
+    s1 = await enqueued(a)
+    w1, w2, w_s1 = await waiting(x1), await waiting(x2), await waiting(s1)
+    assert a.snapshot().room_for(Priority.SHEDDABLE) == 0
+    assert await b.enqueue(Priority.SHEDDABLE) is None  # nobody to displace for its class
+    await until(lambda: b.snapshot().sheddable == 2, a, b, what="two sheddable seen")
+    assert b.snapshot().room_for(Priority.CRITICAL) == 2
+    c1 = await enqueued(b, Priority.CRITICAL)  # takes the place of x2, the newest
+    with pytest.raises(QueueShed):
+        await asyncio.wait_for(w2, BOUND_S)
+    s2 = await enqueued(a)  # takes the place of x1
+    with pytest.raises(QueueShed):
+        await asyncio.wait_for(w1, BOUND_S)
+    assert await b.enqueue(Priority.CRITICAL) is None  # full, and nobody left to shed
+    await until(lambda: [c1.position, s1.position, s2.position] == [1, 2, 3], a, b,
+                what="the survivors' places")
+    w_c1, w_s2 = await waiting(c1), await waiting(s2)
+    pending = {w_c1, w_s1, w_s2}
+    await lease.release()
+    for expected in (w_c1, w_s1, w_s2):
+        assert await next_granted(pending) is expected
+        await (await expected).release()
+    await idle(pool_factory, a, b)

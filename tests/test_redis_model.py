@@ -5,7 +5,9 @@ in random orders, and lets time pass for single leases and tickets by setting th
 expiry to 0 (the next script that purges drops them). A plain-Python model predicts
 every reply; after every step Redis's keys must equal the model's, no more than
 `capacity` slots may be held, and no waiter may be overtaken without a slot kept for it
-(unless a lease Redis lost takes its slot back: its engine never stopped running it).
+(unless a lease Redis lost takes its slot back: its engine never stopped running it, or
+a newcomer of a higher priority class lined up ahead of it). Newcomers come in three
+classes; a full line makes room for a higher class by shedding its newest sheddable one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from tests.conftest import RedisServer, closed_port, require_program
 TTL_MS = 600_000  # nothing expires by itself while a test runs: the rules expire things
 CHANNEL = "{model}:wake"
 KEYS = [f"{{model}}:{name}" for name in KEY_NAMES]
-HOLDERS, WAITERS, ALIVE, _SEQ, FENCE, GRANTED, TOKENS, VERSION = KEYS
+HOLDERS, WAITERS, ALIVE, _SEQ, FENCE, GRANTED, TOKENS, VERSION, SHED = KEYS
+SHEDDABLE = 2
 SCRIPTS = {"acquire": ACQUIRE, "enqueue": ENQUEUE, "poll": POLL, "renew": RENEW,
            "release": RELEASE, "withdraw": WITHDRAW}
 
@@ -46,7 +49,9 @@ class Model:
     capacity: int
     queue_limit: int
     holders: dict[str, bool] = field(default_factory=dict)  # lease id -> expired
-    waiters: list[str] = field(default_factory=list)  # FIFO
+    waiters: list[str] = field(default_factory=list)  # by class, then FIFO
+    ranks: dict[str, int] = field(default_factory=dict)  # ticket -> its class (0 first)
+    shed: set[str] = field(default_factory=set)  # displaced, not yet told by a poll
     dead: set[str] = field(default_factory=set)  # waiters whose heartbeat expired
     tokens: dict[str, int] = field(default_factory=dict)  # holder -> fencing token
     overtaken: set[str] = field(default_factory=set)  # waiters someone behind got ahead of
@@ -55,7 +60,8 @@ class Model:
     reclaims: int = 0  # leases re-registered by a renewal
 
     def counts(self) -> list[int]:
-        return [self.version, len(self.holders), len(self.waiters)]
+        sheddable = sum(self.ranks[t] == SHEDDABLE for t in self.waiters)
+        return [self.version, len(self.holders), len(self.waiters), sheddable]
 
     @property
     def free(self) -> int:
@@ -94,13 +100,20 @@ class Model:
             return [token, *self.counts()]
         return [0, *self.counts()]
 
-    def enqueue(self, ticket: str) -> list[int]:
+    def enqueue(self, ticket: str, rank: int) -> list[int]:
         self.purge()
         if len(self.waiters) >= self.queue_limit:
-            return [0, *self.counts()]
-        self.waiters.append(ticket)
+            victims = [t for t in self.waiters if self.ranks[t] == SHEDDABLE]
+            if rank == SHEDDABLE or not victims:
+                return [0, *self.counts()]
+            self.leave(victims[-1])  # the newest of the lowest class
+            self.shed.add(victims[-1])
+        at = sum(self.ranks[t] <= rank for t in self.waiters)
+        self.overtaken -= set(self.waiters[at:])  # a higher class may take their kept slot
+        self.waiters.insert(at, ticket)
+        self.ranks[ticket] = rank
         self.version += 1
-        return [len(self.waiters), *self.counts()]
+        return [at + 1, *self.counts()]
 
     def poll(self, tickets: list[str]) -> tuple[list[int], list[int]]:
         """(version, holders, waiters), then status and value per ticket."""
@@ -119,6 +132,9 @@ class Model:
                     out += [0, rank + 1]
             elif ticket in self.tokens:
                 out += [1, self.tokens[ticket]]  # granted already (a lost reply, re-asked)
+            elif ticket in self.shed:
+                self.shed.discard(ticket)
+                out += [-2, 0]
             else:
                 out += [-1, 0]
         if grants:
@@ -149,6 +165,7 @@ class Model:
             self.leave(ticket)
             self.version += 1
             return [1, *self.counts()]
+        self.shed.discard(ticket)
         return [0, *self.counts()]
 
 
@@ -244,15 +261,15 @@ class PoolMachine(RuleBasedStateMachine):
         if reply[0]:
             self.granted(reply[0])
 
-    @rule(n=st.integers(1, 3))
-    def enqueue(self, n: int) -> None:
-        """`n` newcomers line up (with a slot free or not: a poll serves them)."""
-        for _ in range(n):
+    @rule(ranks=st.lists(st.integers(0, 2), min_size=1, max_size=3))
+    def enqueue(self, ranks: list[int]) -> None:
+        """Newcomers of these classes line up (with a slot free or not: a poll serves them)."""
+        for rank in ranks:
             ticket = self.new_id("T")
             self.tickets.append(ticket)
             reply = self.store.call(
-                "enqueue", [self.model.queue_limit, ticket, TTL_MS, CHANNEL])
-            expected = self.model.enqueue(ticket)
+                "enqueue", [self.model.queue_limit, ticket, TTL_MS, CHANNEL, rank])
+            expected = self.model.enqueue(ticket, rank)
             assert self.counted(reply) == expected
 
     @rule(data=st.data())
@@ -263,11 +280,11 @@ class PoolMachine(RuleBasedStateMachine):
         tickets = data.draw(st.lists(st.sampled_from(candidates), unique=True, max_size=4))
         reply = self.store.call("poll", [self.model.capacity, TTL_MS, CHANNEL, *tickets])
         counts, statuses = self.model.poll(tickets)
-        assert self.counted(reply[:3], at=0) == counts
-        assert reply[3] >= self.last_now, "Redis's clock went back"
-        self.last_now = reply[3]
-        assert len(reply[4]) == len(self.model.holders)  # one grant time per lease
-        assert reply[5:] == statuses
+        assert self.counted(reply[:4], at=0) == counts
+        assert reply[4] >= self.last_now, "Redis's clock went back"
+        self.last_now = reply[4]
+        assert len(reply[5]) == len(self.model.holders)  # one grant time per lease
+        assert reply[6:] == statuses
         for ticket, (status, value) in zip(tickets, zip(statuses[::2], statuses[1::2],
                                                          strict=True), strict=True):
             if status == 1 and ticket not in self.leases:
@@ -328,11 +345,13 @@ class PoolMachine(RuleBasedStateMachine):
         pipe.zrange(GRANTED, 0, -1)
         pipe.get(VERSION)
         pipe.get(FENCE)
-        holders, waiters, alive, tokens, granted, version, fence = pipe.execute()
+        pipe.zrange(SHED, 0, -1)
+        holders, waiters, alive, tokens, granted, version, fence, shed = pipe.execute()
         model = self.model
         assert len(holders) <= model.capacity
         assert {lease.decode(): score == 0 for lease, score in holders} == model.holders
-        assert [ticket.decode() for ticket in waiters] == model.waiters  # FIFO order
+        assert [ticket.decode() for ticket in waiters] == model.waiters  # class, then FIFO
+        assert {ticket.decode() for ticket in shed} == model.shed
         assert {ticket.decode(): score == 0 for ticket, score in alive} == {
             ticket: ticket in model.dead for ticket in model.waiters}
         assert {k.decode(): int(v) for k, v in tokens.items()} == model.tokens
@@ -344,7 +363,8 @@ class PoolMachine(RuleBasedStateMachine):
     def overtaken_waiters_keep_a_slot(self) -> None:
         """FIFO across replicas: a ticket granted ahead of older ones (another replica's,
         not polled yet) only took a slot that left room for every one of them. Only a
-        renewal re-registering a lease may take such a slot (its engine is running it)."""
+        renewal re-registering a lease may take such a slot (its engine is running it), or
+        a newcomer of a higher class that lined up ahead."""
         model = self.model
         assert model.overtaken <= set(model.waiters)
         short = max(0, len(model.overtaken) - model.free)
