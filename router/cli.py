@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     reload = sub.add_parser("reload", help="make a running gateway re-read its config file "
                             "(as SIGHUP does); prints what changed, or every problem")
     reload.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway")
+    reload.add_argument("--key-env", default="SLOTGATE_ADMIN_KEY", metavar="VAR",
+                        help="environment variable holding an admin API key, sent when set "
+                        "(needed when auth is on; default %(default)s)")
     sub.add_parser("classifier", help="train | eval the intent classifier", add_help=False)
     config = sub.add_parser("config", help="config tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "reload":
-        return _reload(args.url)
+        return _reload(args.url, os.environ.get(args.key_env))
     if args.command == "serve":
         return _serve(args.config, args.host, args.port, args.log_level, args.workers)
     parser.print_help()
@@ -103,14 +107,17 @@ def _serve(path: str | None, host: str | None, port: int | None, level: str,
     return _run_until_signal(start, f"{host or config.server.host}:{port or config.server.port}")
 
 
-def _reload(url: str) -> int:
-    """POST /admin/reload: 0 reloaded, 1 refused (the running config is kept) or no answer."""
+def _reload(url: str, key: str | None = None) -> int:
+    """POST /admin/reload: 0 reloaded, 1 refused (the running config is kept) or no answer.
+    The admin key goes in the Authorization header (never on the command line: `ps`)."""
     import urllib.error
     import urllib.request
 
     import orjson
 
-    request = urllib.request.Request(url.rstrip("/") + "/admin/reload", method="POST")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(url.rstrip("/") + "/admin/reload", method="POST",
+                                     headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
             changes = orjson.loads(resp.read())["changes"]
@@ -176,11 +183,14 @@ def _run_until_signal(start: Callable[[], Awaitable[Closable]], where: str) -> i
     """Start a server on uvloop (when installed), serve until SIGINT or SIGTERM, close it."""
 
     async def serve() -> None:
-        running = await start()
-        stop = asyncio.Event()
+        # Handlers first: a signal that comes while starting (after "listening on" was
+        # logged, say) must not kill the process; a SIGHUP then reloads once started.
+        stop, hup = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, hup.set)
+        running = await start()
         reloads: set[asyncio.Task[None]] = set()
         if isinstance(running, Reloadable):  # SIGHUP: reload the config file
             def reload() -> None:
@@ -189,6 +199,8 @@ def _run_until_signal(start: Callable[[], Awaitable[Closable]], where: str) -> i
                 task.add_done_callback(reloads.discard)
 
             loop.add_signal_handler(signal.SIGHUP, reload)
+            if hup.is_set():
+                reload()
         try:
             await stop.wait()
         finally:

@@ -3,6 +3,7 @@ ledger, keys from the environment, and admin endpoints for admin keys only."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,21 @@ async def test_auth_off_is_announced(start: StartGateway,
                                      caplog: pytest.LogCaptureFixture) -> None:
     await start(gateway_config(sim_backend("m", slots=1)))
     assert "auth off: every client is accepted" in caplog.text
+
+
+async def test_the_reload_command_sends_the_admin_key_from_the_environment(
+    start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from router.cli import main
+
+    monkeypatch.setenv("SLOTGATE_OPS_KEY", "sk-ops-secret")
+    gw = await start(config(tmp_path))
+    monkeypatch.delenv("SLOTGATE_ADMIN_KEY", raising=False)
+    assert await asyncio.to_thread(main, ["reload", "--url", gw.url]) == 1
+    assert "Incorrect API key" in capsys.readouterr().err
+    monkeypatch.setenv("SLOTGATE_ADMIN_KEY", "sk-ops-secret")
+    assert await asyncio.to_thread(main, ["reload", "--url", gw.url]) == 1
+    said = capsys.readouterr().err  # past auth: this gateway runs the embedded config
+    assert "Incorrect API key" not in said and "config" in said
+    assert "sk-ops-secret" not in said
