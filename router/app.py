@@ -20,6 +20,7 @@ from router import admin, dispatch, pages
 from router.assembly import add_backend, health_check, wire_routes
 from router.auth import Keyring
 from router.gateway import GATEWAY, Gateway
+from router.http_errors import GatewayRunner, request_line_limit
 from router.ledger import Ledger
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError
@@ -35,7 +36,7 @@ def create_app(config: Config) -> web.Application:
         client_max_size=config.server.max_body_bytes,
         middlewares=[_openai_errors],
         handler_args={
-            "max_line_size": config.server.max_header_bytes,
+            "max_line_size": request_line_limit(config.server.max_header_bytes),
             "max_field_size": config.server.max_header_bytes,
         },
     )
@@ -179,8 +180,8 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     `config_path` is where a reload reads it again (None: the embedded config)."""
     app = create_app(config)
     app[GATEWAY].config_path = config_path
-    runner = web.AppRunner(
-        app,
+    runner = GatewayRunner(
+        app, config.server.max_header_bytes,
         handler_cancellation=True,  # a client that leaves cancels its handler: slot freed
         access_log=None,
         shutdown_timeout=1.0,  # after our own drain (RunningGateway.close)

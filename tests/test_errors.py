@@ -361,3 +361,42 @@ async def test_too_many_messages_is_400(start: StartGateway) -> None:
             body = await resp.json()
     assert_openai_error(body, "invalid_request_error")
     assert body["error"]["param"] == "messages" and "limit is 3" in body["error"]["message"]
+
+
+async def raw_exchange(gw: RunningGateway, request: bytes) -> tuple[int, Any]:
+    """Send bytes as they are (no client library to tidy them); the status and JSON body."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # the gateway closes after a parse error
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), orjson.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000
+         + b"\r\n\r\n", 431, "request_header_fields_too_large"),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+         + b"".join(b"X-H%d: v\r\n" % i for i in range(200)) + b"\r\n",
+         431, "request_header_fields_too_large"),
+        (b"GET /v1/models?" + b"q" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+         414, "uri_too_long"),
+        (b"NOT HTTP AT ALL\r\n\r\n", 400, "bad_http_request"),
+    ],
+    ids=["long-header", "many-headers", "long-url", "garbage"],
+)
+async def test_requests_the_http_parser_refuses_get_openai_errors(
+    gw: RunningGateway, request_bytes: bytes, status: int, code: str
+) -> None:
+    got, body = await raw_exchange(gw, request_bytes)
+    assert got == status
+    assert_openai_error(body, "invalid_request_error", code)
+    async with aiohttp.ClientSession() as http, http.get(gw.url + "/healthz") as resp:
+        assert resp.status == 200  # the server goes on
