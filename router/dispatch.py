@@ -26,7 +26,7 @@ from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_toke
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
-from router.faults import backend_failed
+from router.faults import BackendOpened, backend_failed, retry_after_s, retryable
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
     ApiError,
@@ -162,17 +162,25 @@ class Exchange:
         self.priority = Priority.STANDARD
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
-        health = self.gw.health
+        health, retry_min = self.gw.health, self.config.server.retry_after_min_s
         chain = [route.primary, *route.fallbacks]
-        if health.is_open(route.primary):  # a sick primary takes no new work
-            route = self.around_open(route, chain)
-        lease = await self.admit(parsed, route)
+        while True:
+            if health.is_open(route.primary):  # a sick primary takes no new work
+                route = health.around(route, chain, retry_min)
+            try:
+                lease = await self.admit(parsed, route)
+                break
+            except BackendOpened as opened:  # its breaker opened while we queued: on to
+                rest = health.without(route, opened.args[0])  # the rest of the route
+                if rest is None:
+                    raise health.unavailable(opened.args[0], chain, retry_min) from None
+                route = rest
         while True:
             try:
                 return await self.serve(parsed, lease)
             except ApiError as err:
                 # Retry on the route's next backend before the first byte, within budget.
-                if not backend_failed(err) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
+                if not retryable(err) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                     raise
                 later = chain[chain.index(lease.pool) + 1:] if lease.pool in chain else []
                 after = next((b for b in later if health.allows(b)), None)
@@ -182,6 +190,8 @@ class Exchange:
             try:
                 self.rec.reason = f"retry:{lease.pool}"
                 lease = await self.admit_to(parsed, after)
+            except BackendOpened:
+                raise health.unavailable(after, chain, retry_min) from None
             finally:
                 health.retrying -= 1
 
@@ -201,26 +211,14 @@ class Exchange:
         except ApiError as err:
             if backend_failed(err):
                 self.gw.health.failed(lease.pool)
+            elif err.status == 429:  # the engine's own backpressure: honour its Retry-After
+                self.gw.health.throttle(lease.pool, retry_after_s(err.headers.get("Retry-After")))
             raise
         finally:
             held_s = lease.held_s
             self.rec.slot_ms = held_s * 1000
             self.gw.metrics.holding.labels(lease.pool).observe(held_s)
             await lease.release()
-
-    def around_open(self, route: RouteConfig, chain: list[str]) -> RouteConfig:
-        """The route without its open-circuit primary: its first healthy fallback leads."""
-        healthy = [name for name in chain[1:] if not self.gw.health.is_open(name)]
-        if self.gw.health.allows(route.primary):
-            return route  # this request is the half-open probe
-        if not healthy:
-            err = ApiError(503, f"Backend '{route.primary}' is failing and no fallback is "
-                           "available; retry later.", "server_error", "backend_unavailable")
-            retry = math.ceil(self.gw.health.retry_in_s(chain))
-            err.headers["Retry-After"] = str(max(self.config.server.retry_after_min_s, retry))
-            raise err
-        return route.model_copy(update={"primary": healthy[0], "fallbacks": tuple(healthy[1:]),
-                                        "overflow": Overflow.FALLBACK})
 
     async def admit_to(self, parsed: ParsedRequest, backend: str) -> Lease:
         """A slot on one given backend (a retry): free now, or after waiting in its line."""
@@ -340,15 +338,20 @@ class Exchange:
         return lease
 
     async def unless_draining(self, waiting: Awaitable[Lease], pool: str) -> Lease:
-        """A slot from `waiting`, unless the gateway starts draining first: then the
-        request leaves the line (passing on any slot it got) and is answered 503."""
+        """A slot from `waiting`, unless the gateway starts draining first (the request
+        leaves the line, passing on any slot it got, and is answered 503) or the pool's
+        backend fails meanwhile (it leaves the line: `BackendOpened`)."""
         task = asyncio.ensure_future(waiting)
-        either: set[asyncio.Future[Any]] = {task, self.gw.drain_signal()}
+        opened = self.gw.health.opened(pool)
+        either: set[asyncio.Future[Any]] = {task, self.gw.drain_signal(), opened}
         try:
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # the client left: even a slot granted this instant goes back
             await abandon(task)
             raise
+        if opened.done():  # even with a slot granted at the same instant (then freed)
+            await abandon(task)
+            raise BackendOpened(pool)
         if not task.done():
             await abandon(task)
             raise self.rejection(RejectReason.DRAINING,

@@ -8,6 +8,7 @@ from typing import Any
 
 import openai
 import pytest
+from aiohttp import web
 
 from router.faults import BackendHealth
 from router.openai_api import ApiError
@@ -19,7 +20,9 @@ from tests.conftest import (
     engine,
     gateway_config,
     sdk,
+    serve_app,
     sim_backend,
+    wait_pools,
 )
 
 MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
@@ -122,3 +125,121 @@ async def test_health_checks_put_a_recovered_backend_back_without_risking_a_requ
     assert not health.is_open("big")
     assert (await ask(gw)).headers["x-slotgate-backend"] == "big"
     await assert_idle(gw)
+
+
+class ParkingBackend:
+    """A real HTTP backend that holds every request until the test answers it."""
+
+    def __init__(self) -> None:
+        self.parked: list[asyncio.Future[web.Response]] = []
+        self.arrived = asyncio.Event()
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.handle)
+        self.app.router.add_get("/v1/models", self.models)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        await request.read()
+        answer: asyncio.Future[web.Response] = asyncio.get_running_loop().create_future()
+        self.parked.append(answer)
+        self.arrived.set()
+        return await answer
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": []}, status=503)  # stays sick
+
+    async def until_parked(self, n: int) -> None:
+        async with asyncio.timeout(10):
+            while len(self.parked) < n:
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+def completion() -> web.Response:
+    return web.json_response({
+        "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
+@pytest.mark.parametrize("with_fallback", [True, False])
+async def test_an_opening_breaker_moves_its_queue_to_the_fallback_or_answers_503(
+    start: StartGateway, with_fallback: bool
+) -> None:
+    backend = ParkingBackend()
+    runner, url = await serve_app(backend.app)
+    try:
+        big = {"url": url + "/v1", "model": "m", "slots": 2, "queue_limit": 3,
+               "breaker_failures": 1, "breaker_open_s": 60}
+        gw = await start(gateway_config(
+            big, sim_backend("m-small", slots=4) if with_fallback else None))
+        running = asyncio.create_task(ask(gw))
+        await backend.until_parked(1)
+        failing = asyncio.create_task(ask(gw))
+        await backend.until_parked(2)
+        waiting = [asyncio.create_task(ask(gw)), asyncio.create_task(ask(gw, stream=True))]
+        await wait_pools(gw, lambda s: s["big"] == (2, 2))
+        backend.parked[1].set_result(web.json_response(
+            {"error": {"message": "engine crashed", "type": "server_error"}}, status=500))
+        if with_fallback:
+            plain, stream = await asyncio.gather(*waiting)
+            assert plain.headers["x-slotgate-backend"] == "small"  # out of big's line
+            assert [chunk async for chunk in stream.parse()]  # its headers left while queued
+            assert (await failing).headers["x-slotgate-backend"] == "small"  # retried
+            assert len(engine(gw, "small").records) == 3
+        else:
+            with pytest.raises(openai.InternalServerError) as refused:  # at once, not
+                await waiting[0]  # after its queue timeout (60 s)
+            assert refused.value.body["code"] == "backend_unavailable"  # type: ignore[index]
+            assert int(refused.value.response.headers["Retry-After"]) >= 55
+            stream = await waiting[1]  # its 200 went out while it queued: told in-band
+            with pytest.raises(openai.APIError) as in_band:
+                _ = [chunk async for chunk in stream.parse()]
+            assert in_band.value.body["code"] == "backend_unavailable"  # type: ignore[index]
+            with pytest.raises(openai.InternalServerError):
+                await failing
+        assert len(backend.parked) == 2  # the queued requests never reached it
+        backend.parked[0].set_result(completion())  # the running one finishes where it is
+        assert (await running).headers["x-slotgate-backend"] == "big"
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("with_fallback", [True, False])
+async def test_an_upstream_429_is_honoured(start: StartGateway, with_fallback: bool) -> None:
+    hits: list[int] = []
+
+    async def saturated(request: web.Request) -> web.Response:
+        hits.append(1)
+        return web.json_response({"error": {"message": "too many", "type": "rate_limit_error",
+                                            "code": "rate_limit_exceeded"}},
+                                 status=429, headers={"Retry-After": "30"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", saturated)
+    runner, url = await serve_app(app)
+    try:
+        big = {"url": url + "/v1", "model": "m", "slots": 2}
+        gw = await start(gateway_config(
+            big, sim_backend("m-small", slots=2) if with_fallback else None))
+        if with_fallback:
+            first = await ask(gw)
+            assert first.headers["x-slotgate-backend"] == "small"  # retried: nothing was made
+            assert first.headers["x-slotgate-route-reason"] == "retry:big"
+            again = await ask(gw, stream=True)  # big waits out its Retry-After
+            assert again.headers["x-slotgate-backend"] == "small"
+            assert [chunk async for chunk in again.parse()]
+        else:
+            with pytest.raises(openai.RateLimitError) as relayed:
+                await ask(gw)
+            assert relayed.value.response.headers["Retry-After"] == "30"
+            with pytest.raises(openai.InternalServerError) as cooling:
+                await ask(gw)  # not sent: the backend asked for 30 s
+            assert cooling.value.body["code"] == "backend_unavailable"  # type: ignore[index]
+            assert int(cooling.value.response.headers["Retry-After"]) >= 25
+        assert len(hits) == 1
+        assert gw.gateway.health.breakers["big"].consecutive == 0  # not a failure
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
