@@ -170,6 +170,7 @@ class RunningGateway:
         left = await self.gateway.drain(limit)
         if left:
             log.warning("shutdown: %d requests still running after %g s are cut", left, limit)
+            await self.gateway.cut()
         await self.runner.cleanup()
 
 

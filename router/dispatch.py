@@ -129,7 +129,15 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.disconnect = rec.phase
         return exchange.response or web.Response(status=499)
     except asyncio.CancelledError:
-        rec.disconnect = rec.phase
+        if not gw.cutting:
+            rec.disconnect = rec.phase
+            raise
+        # Shutdown cut it, not its client: say so (in-band once a stream has begun).
+        cut = ApiError(503, "The gateway shut down before this answer was complete; retry.",
+                       "server_error", "shutdown")
+        rec.status, rec.error = cut.status, cut.code
+        if exchange.response is not None:
+            await exchange.fail(cut)
         raise
     finally:
         gw.leave()

@@ -54,7 +54,9 @@ class Gateway:
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After
+    cutting: bool = False  # the drain timed out: requests still running are being cut
     running: int = 0  # requests inside the handler now
+    handlers: set[asyncio.Task[object]] = field(default_factory=set)  # their tasks
     _drain: asyncio.Future[None] | None = None
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -68,11 +70,25 @@ class Gateway:
 
     def enter(self) -> None:
         self.running += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self.handlers.add(task)
 
     def leave(self) -> None:
         self.running -= 1
+        self.handlers.discard(asyncio.current_task())
         if self.running == 0:
             self._idle.set()
+
+    async def cut(self, timeout_s: float = 1.0) -> None:
+        """After a drain that timed out: end the requests still running, each telling its
+        client why (their handlers see `cutting`), while their connections are open."""
+        self.cutting = True
+        tasks = list(self.handlers)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
 
     async def drain(self, timeout_s: float) -> int:
         """Stop admitting (readiness fails, new and queued requests get 503 + Retry-After)

@@ -102,3 +102,24 @@ async def test_sigterm_drains_a_serving_process(tmp_path: Path) -> None:
     finally:
         await gateway.stop(signal.SIGKILL)
         await sim.close()
+
+
+async def test_a_stream_cut_by_the_drain_limit_is_told_and_recorded_as_such(
+    start: StartGateway, tmp_path: Path
+) -> None:
+    raw = gateway_config(sim_backend("m", slots=1), server={"shutdown_timeout_s": 0.1})
+    raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3")}
+    gw = await start(raw)
+    sim = engine(gw)
+    sim.hold(after_tokens=1)  # the answer never finishes by itself
+    stream = await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES,
+                                                   stream=True)
+    await stream.__anext__()
+    closing = asyncio.create_task(gw.close())
+    with pytest.raises(openai.APIError) as told:  # not a silent end of the stream
+        _ = [chunk async for chunk in stream]
+    assert told.value.body["code"] == "shutdown"  # type: ignore[index]
+    await closing
+    with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+        rows = db.execute("SELECT status, error, disconnect FROM requests").fetchall()
+    assert rows == [(503, "shutdown", None)]  # the gateway cut it, not its client
