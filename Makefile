@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test chaos demo lint typecheck bench clean
+.PHONY: run test chaos demo lint typecheck bench clean engine test-engine
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,41 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
+
+# A real engine for tests/engine: llama.cpp's server and a small GGUF model, in a venv of
+# their own so that `make test` never needs them. The model and the built wheel are kept
+# in SLOTGATE_ENGINE_CACHE across runs and checkouts.
+ENGINE_VENV  := .venv-engine
+ENGINE_BIN   := $(ENGINE_VENV)/bin
+ENGINE_STAMP := $(ENGINE_VENV)/.installed
+SLOTGATE_ENGINE_CACHE ?= $(HOME)/.cache/slotgate/engine
+export SLOTGATE_ENGINE_CACHE
+LLAMA_CPP := llama-cpp-python==0.3.36
+# llama.cpp's default native build crashes on these CPUs: a portable AVX2 build instead.
+ENGINE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+	-DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
+# pip's wheel cache ignores CMAKE_ARGS, so the wheel is kept per version and build flags.
+ENGINE_WHEELS = $(SLOTGATE_ENGINE_CACHE)/wheels-$(shell printf '%s %s' '$(LLAMA_CPP)' \
+	'$(ENGINE_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+
+$(ENGINE_STAMP): tests/engine/requirements.txt
+	rm -rf $(ENGINE_VENV)
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	echo '*' > $(ENGINE_VENV)/.gitignore
+	$(ENGINE_BIN)/pip install --quiet --upgrade pip
+	ls $(ENGINE_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(ENGINE_BIN)/pip wheel --quiet --no-cache-dir \
+		--no-deps --wheel-dir $(ENGINE_WHEELS) '$(LLAMA_CPP)'
+	$(ENGINE_BIN)/pip install --quiet --find-links $(ENGINE_WHEELS) \
+		--only-binary llama-cpp-python -r tests/engine/requirements.txt
+	$(ENGINE_BIN)/python tests/engine/model.py
+	touch $@
+
+engine: $(ENGINE_STAMP)
+
+test-engine: $(ENGINE_STAMP) $(STAMP)
+	$(ENGINE_BIN)/python tests/engine/model.py >/dev/null  # again, if the cache was emptied
+	SLOTGATE_ENGINE=1 $(BIN)/pytest -q tests/engine
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache

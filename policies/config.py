@@ -150,6 +150,10 @@ class BackendConfig(_Model):
     initial_hold_s: PositiveSeconds = 10.0  # slot holding time assumed before any is measured
     breaker_failures: int = Field(default=5, ge=1, le=1000)  # consecutive, to stop using it
     breaker_open_s: PositiveSeconds = 30.0  # then one probe request per period
+    # A non-streaming request whose client left: close the upstream connection and free the
+    # slot at once ("abort"), or keep the slot and read the answer to its end ("drain", for
+    # engines that finish such work anyway). A cut stream is always closed upstream.
+    on_disconnect: Literal["abort", "drain"] = "abort"
     price: PriceConfig | None = None  # None: the ledger counts this backend as free
 
     @model_validator(mode="after")

@@ -76,7 +76,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     config = gw.config  # one config for the whole request, whatever a reload does meanwhile
-    own = os.urandom(12).hex()
+    own = os.urandom(16).hex()  # a UUID's 32 hex digits: engines may check X-Request-Id
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
                         time.time(), own,
                         tenant=None if gw.keyring.enabled else key_id(request))

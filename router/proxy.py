@@ -2,7 +2,9 @@
 
 Streams are relayed event by event as they arrive (no buffering); non-streams are
 read whole (bounded). Any early exit closes the upstream connection, which is how an
-engine learns to abort the generation. Upstream URLs and keys come only from config.
+engine learns to abort the generation, except that a backend with `on_disconnect: drain`
+reads a non-streaming answer whose client left to its end, keeping the slot, because such
+an engine finishes the work anyway. Upstream URLs and keys come only from config.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Upstream:
     base_url: str  # the OpenAI base, ending in /v1
     session: aiohttp.ClientSession  # kept across config reloads: one pool of connections
     timeout: aiohttp.ClientTimeout = field(init=False)  # per request: follows the config
+    draining: int = field(default=0, init=False)  # answers read for clients that left
 
     def __post_init__(self) -> None:
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
@@ -133,6 +136,49 @@ async def forward(
     `relay` is filled in as the exchange goes. Raises ApiError for upstream failures
     (the caller answers them, in-band once a stream has begun) and ClientGone.
     """
+    exchange = _exchange(request, upstream, endpoint, body, stream, strip_usage, request_id,
+                         response, extra_headers, max_response_bytes, relay, preamble)
+    if stream or upstream.config.on_disconnect != "drain":
+        return await exchange
+    # The exchange runs on its own so that the client leaving (this task cancelled) does
+    # not close the upstream connection; the caller holds the slot until this returns.
+    work = asyncio.ensure_future(exchange)
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await _drain(upstream, work)
+        raise
+
+
+async def _drain(upstream: Upstream, work: asyncio.Future[web.StreamResponse]) -> None:
+    """Wait out an answer nobody will read (bounded by the backend's first-byte and idle
+    timeouts); cancelled again (shutdown), close the connection after all."""
+    upstream.draining += 1
+    try:
+        await asyncio.wait({work})
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    finally:
+        upstream.draining -= 1
+    if not work.cancelled():
+        work.exception()  # an upstream failure nobody can be told of: retrieved, dropped
+
+
+async def _exchange(
+    request: web.Request,
+    upstream: Upstream,
+    endpoint: Endpoint,
+    body: bytes,
+    stream: bool,
+    strip_usage: bool,
+    request_id: str,
+    response: web.StreamResponse | None,
+    extra_headers: dict[str, str],
+    max_response_bytes: int,
+    relay: Relay,
+    preamble: bytes,
+) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     cfg = upstream.config
     deadline = asyncio.timeout(cfg.first_byte_timeout_s)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from playwright.async_api import Browser
 
 REQUIRE_ALL = os.environ.get("SLOTGATE_REQUIRE_ALL") == "1"
+# tests/engine drives a real llama.cpp server (minutes, its own venv): `make test-engine`.
+collect_ignore: list[str] = [] if os.environ.get("SLOTGATE_ENGINE") == "1" else ["engine"]
 # Debian's chromium, headless, as root, on a machine with no way out.
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
