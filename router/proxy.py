@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import aiohttp
 import orjson
@@ -38,6 +39,7 @@ _NOT_FORWARDED = _HOP_BY_HOP | {
 }
 _NOT_RETURNED = _HOP_BY_HOP | {
     "content-length", "content-encoding", "content-type", "date", "server", "set-cookie",
+    "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
 }
 ERROR_BODY_LIMIT = 64 * 1024
 
@@ -74,9 +76,13 @@ class Upstream:
         return {"Authorization": auth} if auth else {}
 
     def auth_header(self) -> str | None:
-        env = self.config.api_key_env
-        key = os.environ.get(env) if env else None
+        key = self.secret()
         return f"Bearer {key}" if key else None
+
+    def secret(self) -> str | None:
+        """The backend's API key (from its environment variable), if it has one."""
+        env = self.config.api_key_env
+        return os.environ.get(env) or None if env else None
 
 
 @dataclass(slots=True)
@@ -106,9 +112,22 @@ def forward_headers(
     return out
 
 
-def returned_headers(headers: CIMultiDictProxy[str]) -> dict[str, str]:
+def returned_headers(headers: CIMultiDictProxy[str], secret: str | None = None
+                     ) -> dict[str, str]:
+    """The backend's headers a client may see: no hop-by-hop ones, none about the
+    gateway's own credentials, and none that carry the backend key (an echoing engine)."""
     drop = _NOT_RETURNED | _connection_listed(headers)
-    return {k: v for k, v in headers.items() if k.lower() not in drop}
+    return {k: v for k, v in headers.items()
+            if k.lower() not in drop and not (secret and secret in v)}
+
+
+def redact(text: str, secret: str | None) -> str:
+    """`text` without the backend key in any spelling an engine might echo it in."""
+    if not secret:
+        return text
+    for spelling in (secret, quote(secret, safe=""), quote_plus(secret)):
+        text = text.replace(spelling, "[redacted]")
+    return text
 
 
 def _connection_listed(headers: CIMultiDictProxy[str]) -> set[str]:
@@ -191,13 +210,14 @@ async def _exchange(
                                              timeout=upstream.timeout, allow_redirects=False)
             relay.status = up.status
             if up.status != 200:
-                raise await _upstream_error(up, upstream.name)
+                raise await _upstream_error(up, upstream.name, upstream.secret())
             if not stream:
                 raw = await _read_bounded(up, max_response_bytes, deadline, cfg.idle_timeout_s)
                 relay.first_byte_at = time.perf_counter()
                 _usage_from_body(raw, relay.usage)
                 done = True
-                out = web.Response(body=raw, status=200, headers=returned_headers(up.headers))
+                out = web.Response(body=raw, status=200,
+                                   headers=returned_headers(up.headers, upstream.secret()))
                 out.headers.update(extra_headers)
                 out.content_type = "application/json"
                 return out
@@ -298,8 +318,15 @@ def _answer_text(choice: object) -> str:
     return content if isinstance(content, str) else ""
 
 
-async def _upstream_error(up: aiohttp.ClientResponse, name: str) -> ApiError:
-    """Relay the backend's own error (status and OpenAI-shaped message) when it has one."""
+async def _upstream_error(up: aiohttp.ClientResponse, name: str,
+                          secret: str | None) -> ApiError:
+    """Relay the backend's own error (status and OpenAI-shaped message) when it has one,
+    without the backend key. A 401/403 is about the gateway's credentials, not the
+    client's: it becomes a 502 that says so, with nothing of the backend's message."""
+    if up.status in (401, 403, 407):
+        return ApiError(502, f"Backend '{name}' refused the gateway's credentials (HTTP "
+                        f"{up.status}); check its api_key_env.", "api_error",
+                        "upstream_auth_failed")
     raw = await up.content.read(ERROR_BODY_LIMIT)
     message = f"Backend '{name}' answered HTTP {up.status}."
     kind, code = "api_error", "upstream_error"
@@ -313,6 +340,7 @@ async def _upstream_error(up: aiohttp.ClientResponse, name: str) -> ApiError:
         code = err["code"] if isinstance(err.get("code"), str) else code
     elif isinstance(err, str):
         message = err
+    message = redact(message, secret)
     status = up.status if 400 <= up.status <= 599 else 502
     headers = {}
     if status == 429 and "Retry-After" in up.headers:

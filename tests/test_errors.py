@@ -400,3 +400,28 @@ async def test_requests_the_http_parser_refuses_get_openai_errors(
     assert_openai_error(body, "invalid_request_error", code)
     async with aiohttp.ClientSession() as http, http.get(gw.url + "/healthz") as resp:
         assert resp.status == 200  # the server goes on
+
+
+async def test_a_backend_refusing_the_gateways_key_is_502_not_the_clients_401(
+    start: StartGateway,
+) -> None:
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "bad key sk-backend-xyz",
+                                            "type": "invalid_request_error"}}, status=401,
+                                 headers={"WWW-Authenticate": 'Bearer realm="engine"'})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    runner, url = await serve_app(app)
+    try:
+        gw = await start(gateway_config({"url": url + "/v1", "model": "m", "slots": 1}))
+        with pytest.raises(openai.APIStatusError) as err:
+            await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"])
+        assert err.value.status_code == 502  # the client's own key was fine
+        assert_openai_error(err.value.body and {"error": err.value.body}, "api_error",
+                            "upstream_auth_failed")
+        assert "sk-backend" not in str(err.value.body)
+        assert "www-authenticate" not in err.value.response.headers
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,553 @@
+"""The secrets canary (issue 8, part 5).
+
+Recognisable keys, random per run, go through every path of a real gateway: client keys
+(one configured by its SHA-256, one read from the environment, one wrong key) and a
+backend key (read from the environment, sent upstream). Everything the gateway says is
+captured: every log record at DEBUG of every logger but the test's own HTTP client (the
+access log on), every response's status line, headers and body, the Prometheus text, the
+dashboard feed, stdout and stderr, and every row and byte of the SQLite ledger. No secret
+may appear in any of it, as itself, URL-encoded, or by its random part alone. The backend
+key must reach the backend, and no client key may; a backend that echoes its key back (in
+an error message or a header) must not get it relayed to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+import aiohttp
+import httpx2
+import openai
+import orjson
+import pytest
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from router.app import RunningGateway
+from router.simulated import FaultMode
+from tests.conftest import (
+    StartGateway,
+    assert_idle,
+    closed_port,
+    engine,
+    serve_app,
+    sim_backend,
+    wait_pools,
+)
+
+BACKEND_ENV = "SLOTGATE_CANARY_BACKEND_KEY"
+ADMIN_ENV = "SLOTGATE_CANARY_ADMIN_KEY"
+MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
+USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+LOGGERS = ("slotgate", "slotgate.access", "aiohttp", "asyncio", "policies", "router")
+CLIENT_LOGGERS = ("openai", "httpx2", "httpcore2")
+
+
+# --- the canaries and the detector ----------------------------------------------------
+
+def canary(kind: str) -> str:
+    """A key nobody could mistake: its kind, a random part, and a base64-like tail that
+    URL-encoding changes."""
+    return f"sk-canary-{kind}-{os.urandom(12).hex()}+/="
+
+
+@dataclass(frozen=True)
+class Canaries:
+    team: str = field(default_factory=lambda: canary("client"))  # configured by sha256
+    admin: str = field(default_factory=lambda: canary("admin"))  # read from ADMIN_ENV
+    wrong: str = field(default_factory=lambda: canary("wrong"))  # refused, still a secret
+    backend: str = field(default_factory=lambda: canary("backend"))  # read from BACKEND_ENV
+
+    def named(self) -> dict[str, str]:
+        return {"team": self.team, "admin": self.admin, "wrong": self.wrong,
+                "backend": self.backend}
+
+    def clients(self) -> dict[str, str]:
+        return {k: v for k, v in self.named().items() if k != "backend"}
+
+
+def spellings(secret: str) -> set[str]:
+    """How a secret may show (lower-cased): as is, URL-encoded, or its random part alone.
+    A SHA-256 of it, or a prefix of one, is not the secret and is not looked for."""
+    random_part = secret.removesuffix("+/=").rsplit("-", 1)[1]
+    return {s.lower() for s in (secret, quote(secret, safe=""), quote_plus(secret),
+                                random_part)}
+
+
+def leaks(seen: Iterable[tuple[str, str]], secrets: dict[str, str]) -> list[str]:
+    """Every place a secret appears, as 'where: which secret, in ...context...'."""
+    found = []
+    for where, text in seen:
+        low = text.lower()
+        for name, secret in secrets.items():
+            at = min((i for form in spellings(secret) if (i := low.find(form)) >= 0),
+                     default=-1)
+            if at >= 0:
+                context = text[max(0, at - 60):at + len(secret) + 20]
+                found.append(f"{where}: the {name} key, in ...{context!r}...")
+    return found
+
+
+def no_leak(seen: Iterable[tuple[str, str]], secrets: dict[str, str]) -> None:
+    found = leaks(seen, secrets)
+    assert not found, f"{len(found)} leaks:\n" + "\n".join(found)
+
+
+@dataclass
+class Seen:
+    """Everything the gateway said, as (where, text)."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, where: str, data: str | bytes) -> None:
+        text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+        self.items.append((where, text))
+
+    async def sdk_response(self, response: httpx2.Response) -> None:
+        """The SDK's every answer, whole (read here; the SDK then reads it from memory)."""
+        await response.aread()
+        where = f"{response.request.method} {response.request.url.path} -> {response.status_code}"
+        self.add(where + " (headers)", f"{response.http_version} {response.status_code} "
+                 f"{response.reason_phrase}\n" + "\n".join(
+                     f"{k}: {v}" for k, v in response.headers.multi_items()))
+        self.add(where + " (body)", response.content)
+
+    async def call(self, http: aiohttp.ClientSession, method: str, url: str,
+                   headers: dict[str, str] | None = None, data: bytes | None = None,
+                   first_event: bool = False) -> tuple[int, bytes]:
+        """One raw request; its status line, headers and body are kept."""
+        async with http.request(method, url, headers=headers, data=data) as resp:
+            body = await (resp.content.readuntil(b"\n\n") if first_event else resp.read())
+            where = f"{method} {resp.url.path} -> {resp.status}"  # no query: it may hold a key
+            self.add(where + " (headers)", f"HTTP {resp.status} {resp.reason}\n" + "\n".join(
+                f"{k.decode('latin-1')}: {v.decode('latin-1')}" for k, v in resp.raw_headers))
+            self.add(where + " (body)", body)
+            return resp.status, body
+
+    def logs(self, caplog: pytest.LogCaptureFixture) -> None:
+        """Every log record, formatted and raw (message, arguments, exception)."""
+        formatter = logging.Formatter()
+        for rec in caplog.records:
+            if rec.name.startswith(CLIENT_LOGGERS):
+                continue  # the test's own SDK: what it saw, the responses already show
+            parts = [rec.getMessage(), repr(rec.args), repr(rec.msg)]
+            if rec.exc_info:
+                parts.append(formatter.formatException(rec.exc_info))
+            if rec.stack_info:
+                parts.append(rec.stack_info)
+            self.add(f"log {rec.name} {rec.levelname}", "\n".join(parts))
+
+    def ledger(self, folder: Path) -> int:
+        """Every row and column of every table, and every byte of the files; rows read."""
+        db = sqlite3.connect(next(folder.glob("*.sqlite3")))
+        count = 0
+        try:
+            tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master "
+                                                "WHERE type = 'table'")]
+            for table in tables:
+                rows = db.execute(f'SELECT * FROM "{table}"').fetchall()
+                count += len(rows) if table == "requests" else 0
+                self.add(f"ledger table {table}", "\n".join(repr(row) for row in rows))
+        finally:
+            db.close()
+        for path in folder.iterdir():
+            self.add(f"ledger file {path.name}", path.read_bytes().decode("latin-1"))
+        return count
+
+
+def test_the_detector_finds_a_planted_canary() -> None:
+    """The positive control: a leak in any spelling is found, a hash of the key is not."""
+    keys = Canaries()
+    secret = {"team": keys.team}
+    digest = hashlib.sha256(keys.team.encode()).hexdigest()
+    assert leaks([("clean", f"tenant={digest[:12]} sha256={digest} {keys.team[:15]}")],
+                 secret) == []
+    for planted in (f"Authorization: Bearer {keys.team}", f"GET /?key={quote(keys.team)}",
+                    f"key={quote_plus(keys.team)}", keys.team.upper(),
+                    f"sk-***-{keys.team.split('-')[3]}"):
+        assert leaks([("planted", planted)], secret), planted
+
+
+@pytest.fixture
+def keys(monkeypatch: pytest.MonkeyPatch) -> Canaries:
+    made = Canaries()
+    monkeypatch.setenv(ADMIN_ENV, made.admin)
+    monkeypatch.setenv(BACKEND_ENV, made.backend)
+    return made
+
+
+@pytest.fixture
+def caplog_debug(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)  # the root: every logger without a level of its own
+    for name in LOGGERS:
+        caplog.set_level(logging.DEBUG, logger=name)
+    return caplog
+
+
+def auth_config(keys: Canaries) -> dict[str, Any]:
+    return {"enabled": True, "keys": [
+        {"id": "team", "tenant": "research",
+         "sha256": hashlib.sha256(keys.team.encode()).hexdigest()},
+        {"id": "ops", "tenant": "platform", "key_env": ADMIN_ENV, "admin": True},
+    ]}
+
+
+def client(gw: RunningGateway, key: str, http: httpx2.AsyncClient) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, http_client=http)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+
+def smuggling(key: str) -> dict[str, str]:
+    """The client's key in every header that could carry a credential upstream."""
+    return {**bearer(key), "X-Api-Key": key, "Api-Key": key, "Cookie": f"session={key}",
+            "Proxy-Authorization": f"Bearer {key}", "Connection": "keep-alive, X-Client-Secret",
+            "X-Client-Secret": key}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+# --- a real engine that records what it is sent ---------------------------------------
+
+@dataclass
+class Received:
+    what: str  # "POST /v1/chat/completions"
+    headers: dict[str, str]
+    body: bytes
+
+
+class RecordingBackend:
+    """An OpenAI-compatible engine on loopback: records every request, answers JSON or SSE."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.answer)
+        self.app.router.add_post("/v1/completions", self.answer)
+        self.app.router.add_get("/v1/models", self.answer)
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        self.received.append(Received(f"{request.method} {request.path}",
+                                      dict(request.headers), raw))
+        if request.method == "GET":
+            return web.json_response({"object": "list", "data": []})
+        body = orjson.loads(raw)
+        chat = request.path.endswith("/chat/completions")
+        head = {"id": "cmpl-1", "created": 0, "model": body["model"]}
+        if not body.get("stream"):
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": "ok"}
+            else:
+                choice.update(text="ok", logprobs=None)
+            return web.json_response({**head, "object": "chat.completion" if chat
+                                      else "text_completion", "choices": [choice],
+                                      "usage": USAGE})
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        said: dict[str, Any] = ({"delta": {"role": "assistant", "content": "ok"}} if chat
+                                else {"text": "ok"})
+        done: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
+        chunks = [{**head, "object": kind, "choices": [
+                       {"index": 0, **said, "finish_reason": None}]},
+                  {**head, "object": kind, "choices": [
+                      {"index": 0, **done, "finish_reason": "stop"}]},
+                  {**head, "object": kind, "choices": [], "usage": USAGE}]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in chunks:
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def gateway_raw(good_url: str, ledger: Path, keys: Canaries) -> dict[str, Any]:
+    keyed: dict[str, Any] = {"api_key_env": BACKEND_ENV}  # every backend: the upstream key
+    return {
+        "logging": {"access": True},
+        "ledger": {"path": str(ledger / "ledger.sqlite3"), "flush_interval_s": 0.05},
+        "auth": auth_config(keys),
+        "backends": {
+            "good": {"url": good_url + "/v1", "model": "m-good", "slots": 4, **keyed},
+            "busy": sim_backend("m-busy", slots=1, **keyed),
+            "flaky": sim_backend("m-flaky", slots=2, breaker_failures=50, **keyed),
+            "dead": {"url": f"http://127.0.0.1:{closed_port()}/v1", "model": "m-dead",
+                     "slots": 1, "connect_timeout_s": 1, "breaker_failures": 2,
+                     "breaker_open_s": 60, **keyed},
+        },
+        "routes": {
+            "chat": {"primary": "good"},
+            "busy": {"primary": "busy", "overflow": "reject"},
+            "broken": {"primary": "flaky"},
+            "retry": {"primary": "flaky", "fallbacks": ["good"]},
+            "dead": {"primary": "dead"},
+        },
+    }
+
+
+# --- every path -----------------------------------------------------------------------
+
+async def drive_sdk(gw: RunningGateway, keys: Canaries, sdk_http: httpx2.AsyncClient) -> None:
+    """Success, 400, 401, 404, 429, relayed 500s, a retry, refused connections, a breaker."""
+    team, ops = client(gw, keys.team, sdk_http), client(gw, keys.admin, sdk_http)
+    assert (await team.chat.completions.create(model="chat", messages=MESSAGES)).choices
+    assert [c async for c in await ops.chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True, stream_options={"include_usage": True})]
+    assert (await team.completions.create(model="chat", prompt="hi")).choices
+    assert [c async for c in await team.completions.create(model="chat", prompt="hi",
+                                                           stream=True)]
+    assert (await team.models.list()).data
+
+    for wrong in (client(gw, keys.wrong, sdk_http), client(gw, keys.team[:-1], sdk_http)):
+        with pytest.raises(openai.AuthenticationError):
+            await wrong.chat.completions.create(model="chat", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError):  # a key in the body: refused, not echoed
+        await team.chat.completions.create(model="chat", messages=MESSAGES,
+                                           extra_body={"api_key": keys.team})
+    with pytest.raises(openai.NotFoundError):
+        await team.chat.completions.create(model="nope", messages=MESSAGES)
+
+    busy = engine(gw, "busy")  # 429: the only slot held, no queue
+    busy.hold()
+    holder = asyncio.ensure_future(team.chat.completions.create(model="busy",
+                                                                messages=MESSAGES))
+    await wait_pools(gw, lambda s: s["busy"] == (1, 0))
+    for stream in (False, True):
+        with pytest.raises(openai.RateLimitError):
+            await team.chat.completions.create(model="busy", messages=MESSAGES, stream=stream)
+    busy.release()
+    assert (await holder).choices
+
+    flaky = engine(gw, "flaky")
+    flaky.inject_fault(FaultMode.ERROR_500, count=3)
+    for stream in (False, True):  # the backend's 500, relayed
+        with pytest.raises(openai.InternalServerError):
+            await team.chat.completions.create(model="broken", messages=MESSAGES, stream=stream)
+    retried = await team.chat.completions.with_raw_response.create(model="retry",
+                                                                  messages=MESSAGES)
+    assert retried.headers["x-slotgate-route-reason"] == "retry:flaky"
+    flaky.inject_fault(FaultMode.DROP)  # a stream cut after its first byte: error in-band
+    with pytest.raises(openai.APIError):
+        async for _ in await ops.chat.completions.create(model="broken", messages=MESSAGES,
+                                                         stream=True):
+            pass
+
+    for stream in (False, True):  # connection refused: 502, twice, then the breaker: 503
+        with pytest.raises(openai.APIStatusError) as refused:
+            await team.chat.completions.create(model="dead", messages=MESSAGES, stream=stream)
+        assert refused.value.status_code == 502
+    with pytest.raises(openai.InternalServerError) as unavailable:
+        await team.chat.completions.create(model="dead", messages=MESSAGES)
+    assert unavailable.value.status_code == 503
+
+
+async def drive_raw(gw: RunningGateway, keys: Canaries, seen: Seen,
+                    http: aiohttp.ClientSession) -> None:
+    """Raw requests: credentials smuggled in every header, malformed bodies, no keys."""
+    chat = gw.url + "/v1/chat/completions"
+    good = orjson.dumps({"model": "chat", "messages": MESSAGES})
+    streamed = orjson.dumps({"model": "chat", "messages": MESSAGES, "stream": True})
+    assert (await seen.call(http, "POST", chat, smuggling(keys.team), good))[0] == 200
+    status, body = await seen.call(http, "POST", chat, smuggling(keys.admin), streamed)
+    assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+    for data, want in ((b'{"model": "chat", "messages": [', 400), (b"\xff\xfe{}", 400),
+                       (b"[1, 2]", 400), (b'{"model": "chat"}', 400)):
+        assert (await seen.call(http, "POST", chat, bearer(keys.team), data))[0] == want
+    plain = {**bearer(keys.team), "Content-Type": "text/plain"}
+    assert (await seen.call(http, "POST", chat, plain, good))[0] == 415
+    for refused in ({}, {"Authorization": keys.team}, {"Authorization": f"Basic {keys.wrong}"},
+                    bearer(keys.wrong), smuggling(keys.wrong)):
+        assert (await seen.call(http, "POST", chat, refused, good))[0] == 401
+    assert (await seen.call(http, "POST", gw.url + "/v1/chat/completions?key="
+                            + quote(keys.wrong), bearer(keys.wrong), good))[0] == 401
+    busy = engine(gw, "busy")  # a queued-then-refused stream, raw: 429 with Retry-After
+    busy.hold()
+    holder = asyncio.ensure_future(seen.call(http, "POST", chat, bearer(keys.team),
+                                             orjson.dumps({"model": "busy",
+                                                           "messages": MESSAGES})))
+    await wait_pools(gw, lambda s: s["busy"] == (1, 0))
+    status, _ = await seen.call(http, "POST", chat, bearer(keys.team), orjson.dumps(
+        {"model": "busy", "messages": MESSAGES, "stream": True}))
+    assert status == 429
+    busy.release()
+    assert (await holder)[0] == 200
+
+
+async def drive_operator(gw: RunningGateway, keys: Canaries, seen: Seen,
+                         http: aiohttp.ClientSession, files: tuple[Path, Path]) -> None:
+    """/admin/report, /admin/reload (applied and refused), /metrics, /openapi.json, the
+    queue page, dashboard and its feed, health, and the framework's own 404 and 405."""
+    url = gw.url
+    for headers, want in (({}, 401), (bearer(keys.wrong), 401), (bearer(keys.team), 403),
+                          (bearer(keys.admin), 200)):
+        assert (await seen.call(http, "GET", url + "/admin/report", headers))[0] == want
+    assert (await seen.call(http, "GET", url + "/admin/report?route=none&baseline="
+                            + quote(keys.wrong), bearer(keys.admin)))[0] == 404
+    same, moved = files
+    gw.gateway.config_path = str(same)
+    for headers, want in (({}, 401), (bearer(keys.team), 403), (bearer(keys.admin), 200)):
+        assert (await seen.call(http, "POST", url + "/admin/reload", headers))[0] == want
+    gw.gateway.config_path = str(moved)
+    assert (await seen.call(http, "POST", url + "/admin/reload", bearer(keys.admin)))[0] == 400
+    await gw.reload()  # the signal's way: refused, logged
+    gw.gateway.config_path = str(same)
+    for path in ("/metrics", "/openapi.json", "/v1/models", "/healthz", "/readyz", "/",
+                 "/dashboard", "/static/app.js", "/static/..%2fauth.py", "/nothing",
+                 "/v1/chat/completions"):
+        status, _ = await seen.call(http, "GET", url + path, smuggling(keys.team))
+        assert status in (200, 404, 405), path
+    status, event = await seen.call(http, "GET", url + "/dashboard/events", bearer(keys.team),
+                                    first_event=True)
+    assert status == 200 and event.startswith(b"event: pools")
+
+
+async def test_no_secret_reaches_a_log_a_metric_a_response_or_the_ledger(
+    start: StartGateway, keys: Canaries, tmp_path: Path, http: aiohttp.ClientSession,
+    caplog_debug: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+) -> None:
+    seen = Seen()
+    good = RecordingBackend()
+    runner, good_url = await serve_app(good.app)
+    try:
+        raw = gateway_raw(good_url, tmp_path / "ledger", keys)
+        files = (tmp_path / "same.yaml", tmp_path / "moved.yaml")
+        files[0].write_bytes(orjson.dumps(raw))  # JSON is YAML
+        files[1].write_bytes(orjson.dumps({**raw, "server": {"port": 1}}))
+        gw = await start(raw)
+        async with httpx2.AsyncClient(event_hooks={"response": [seen.sdk_response]}) as sdk_http:
+            await drive_sdk(gw, keys, sdk_http)
+        await drive_raw(gw, keys, seen, http)
+        await drive_operator(gw, keys, seen, http, files)
+        await assert_idle(gw)
+        seen.add("metrics, read directly", gw.gateway.metrics.exposition())
+        seen.add("recent records (dashboard)", repr(list(gw.gateway.recent)))
+        await gw.close()  # graceful: the ledger is flushed
+    finally:
+        await runner.cleanup()
+    rows = seen.ledger(tmp_path / "ledger")
+    seen.logs(caplog_debug)
+    out, err = capfd.readouterr()
+    seen.add("stdout", out)
+    seen.add("stderr", err)
+
+    # The keys went where they should: the backend key to the backend, on every request.
+    posts = [r for r in good.received if r.what.startswith("POST")]
+    assert len(posts) == 7  # see drive_sdk and drive_raw
+    for r in posts:
+        assert {k.lower(): v for k, v in r.headers.items()}["authorization"] == \
+            f"Bearer {keys.backend}"
+    backend_saw = [(f"backend received {r.what}", "\n".join(f"{k}: {v}" for k, v in
+                                                             r.headers.items()))
+                   for r in good.received]
+    backend_saw += [(f"backend received {r.what} (body)", r.body.decode()) for r in posts]
+    no_leak(backend_saw, keys.clients())
+
+    # The capture caught what it should have: the paths ran and were logged and recorded.
+    wheres = " ".join(where for where, _ in seen.items)
+    for status in ("200", "400", "401", "403", "404", "405", "415", "429", "500", "502",
+                   "503"):
+        assert f"-> {status} " in wheres, status
+    assert sum(r.name == "slotgate.access" for r in caplog_debug.records) >= 30
+    assert all(logging.getLogger(name).isEnabledFor(logging.DEBUG) for name in LOGGERS)
+    assert rows >= 30
+    assert "llm_rejection_total" in dict(seen.items)["metrics, read directly"]
+
+    no_leak(seen.items, keys.named())
+
+
+# --- a hostile backend that echoes its key --------------------------------------------
+
+class EchoingBackend:
+    """An engine that sends the Authorization it was given back: in its error message, as
+    a bare error string, or in a header of a successful answer."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.received: list[str] = []
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.answer)
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        auth = request.headers.get("Authorization", "")
+        self.received.append(auth)
+        echo = {"WWW-Authenticate": f'Bearer realm="{auth}"', "X-Upstream-Auth": auth}
+        if self.mode == "header" and body.get("stream"):
+            resp = web.StreamResponse(headers={**echo, "Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0,
+                     "model": body["model"], "choices": [
+                         {"index": 0, "finish_reason": "stop",
+                          "delta": {"role": "assistant", "content": "ok"}}]}
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        if self.mode == "header":
+            answer = {"id": "c", "object": "chat.completion", "created": 0,
+                      "model": body["model"], "usage": USAGE, "choices": [
+                          {"index": 0, "finish_reason": "stop",
+                           "message": {"role": "assistant", "content": "ok"}}]}
+            return web.json_response(answer, headers=echo)
+        if self.mode == "string":
+            return web.json_response({"error": f"forbidden for {auth}"}, status=403,
+                                     headers=echo)
+        status = {"401": 401, "429": 429, "500": 500}[self.mode]
+        error = {"message": f"Incorrect API key provided: {auth}",
+                 "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+        return web.json_response({"error": error}, status=status,
+                                 headers={**echo, "Retry-After": "1"})
+
+
+@pytest.mark.parametrize("mode", ["401", "429", "500", "string", "header"])
+async def test_a_backend_echoing_its_key_does_not_pass_it_on(
+    start: StartGateway, keys: Canaries, mode: str, http: aiohttp.ClientSession,
+    caplog_debug: pytest.LogCaptureFixture,
+) -> None:
+    seen = Seen()
+    hostile = EchoingBackend(mode)
+    runner, url = await serve_app(hostile.app)
+    try:
+        gw = await start({
+            "auth": auth_config(keys),
+            "backends": {"echo": {"url": url + "/v1", "model": "m", "slots": 2,
+                                  "api_key_env": BACKEND_ENV}},
+            "routes": {"chat": {"primary": "echo"}}})
+        async with httpx2.AsyncClient(event_hooks={"response": [seen.sdk_response]}) as sdk_http:
+            team = client(gw, keys.team, sdk_http)
+            for stream in (False, True):
+                try:
+                    reply = await team.chat.completions.create(model="chat", messages=MESSAGES,
+                                                               stream=stream)
+                    if isinstance(reply, openai.AsyncStream):
+                        assert [c async for c in reply]
+                except openai.APIStatusError:
+                    assert mode != "header"
+        for stream in (False, True):
+            await seen.call(http, "POST", gw.url + "/v1/chat/completions", smuggling(keys.team),
+                            orjson.dumps({"model": "chat", "messages": MESSAGES,
+                                          "stream": stream}))
+        await assert_idle(gw)
+        seen.add("metrics", gw.gateway.metrics.exposition())
+        await gw.close()
+    finally:
+        await runner.cleanup()
+    seen.logs(caplog_debug)
+    calls = 1 if mode == "429" else 4  # after a 429 the backend gets no work for a while
+    assert hostile.received == [f"Bearer {keys.backend}"] * calls  # the key went upstream...
+    no_leak(seen.items, keys.named())  # ...and never came back
