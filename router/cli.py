@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -14,6 +13,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
+from router import logs
 from router.config import ConfigError, check_main, load_config
 
 
@@ -88,7 +88,7 @@ def _worker_count(text: str) -> int:
 
 def _serve(path: str | None, host: str | None, port: int | None, level: str,
            workers: int = 1) -> int:
-    logging.basicConfig(level=level.upper(), format="%(message)s")
+    logs.setup(level)
     try:
         config = load_config(path)
     except ConfigError as exc:

@@ -81,7 +81,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                         time.time(), own,
                         tenant=None if gw.keyring.enabled else key_id(request))
     exchange = Exchange(request, gw, rec, config)
-    gw.enter()
+    gw.enter(request.task)
     try:
         if gw.draining:
             raise exchange.rejection(RejectReason.DRAINING, config.server.retry_after_min_s,
@@ -140,7 +140,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
             await exchange.fail(cut)
         raise
     finally:
-        gw.leave()
+        gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
         logs = config.logging
@@ -225,7 +225,7 @@ class Exchange:
         finally:
             held_s = lease.held_s
             self.rec.slot_ms = held_s * 1000
-            self.gw.metrics.holding.labels(lease.pool).observe(held_s)
+            self.gw.metrics.held(lease.pool, held_s)
             await lease.release()
 
     async def admit_to(self, parsed: ParsedRequest, backend: str) -> Lease:

@@ -68,15 +68,13 @@ class Gateway:
             self._drain = asyncio.get_running_loop().create_future()
         return self._drain
 
-    def enter(self) -> None:
+    def enter(self, task: asyncio.Task[object]) -> None:
         self.running += 1
-        task = asyncio.current_task()
-        if task is not None:
-            self.handlers.add(task)
+        self.handlers.add(task)
 
-    def leave(self) -> None:
+    def leave(self, task: asyncio.Task[object]) -> None:
         self.running -= 1
-        self.handlers.discard(asyncio.current_task())
+        self.handlers.discard(task)
         if self.running == 0:
             self._idle.set()
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 log = logging.getLogger("slotgate.ledger")
@@ -56,8 +57,12 @@ class LedgerRow:
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))
 
 
+_VALUES = operator.attrgetter(*COLUMNS)
+
+
 def row_values(row: LedgerRow) -> tuple[object, ...]:
-    return astuple(row)
+    values: tuple[object, ...] = _VALUES(row)  # not astuple(): it deep-copies every field
+    return values
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,13 @@ class Metrics:
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._per_backend: dict[str, tuple[Any, Any, Any]] = {}
         self._cost: dict[str, Any] = {}
+        self._holding: dict[str, Any] = {}
+
+    def held(self, pool: str, seconds: float) -> None:
+        child = self._holding.get(pool)
+        if child is None:
+            child = self._holding[pool] = self.holding.labels(pool)
+        child.observe(seconds)
 
     def add_cost(self, backend: str, currency: str, amount: float) -> None:
         child = self._cost.get(backend)

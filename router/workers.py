@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from policies.config import Config, CoordinationMode, RedisDown
+from router import logs
 
 log = logging.getLogger("slotgate.workers")
 
@@ -217,7 +218,7 @@ def run_worker(config: Config, host: str, port: int, level: str, index: int, cou
 
     # Ctrl-C reaches every process in the terminal's group; the parent turns it into SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=level.upper(), format="%(message)s")
+    logs.setup(level)
     tag = f"[worker {index}/{count}, pid {os.getpid()}] "
     logging.getLogger("slotgate").addFilter(_Prefix(tag))  # its own lines, not access lines
 
