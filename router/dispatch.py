@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from router.openai_api import (
     upstream_body,
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, forward
-from router.record import Phase, RequestRecord, key_id, request_id, subject
+from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.rejections import rejection
 from router.sse import Usage, queue_frame, start_frame
 from router.usage import count_tokens
@@ -76,7 +75,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     config = gw.config  # one config for the whole request, whatever a reload does meanwhile
-    own = os.urandom(16).hex()  # a UUID's 32 hex digits: engines may check X-Request-Id
+    own = new_id()
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
                         time.time(), own,
                         tenant=None if gw.keyring.enabled else key_id(request))
@@ -91,8 +90,11 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         exchange.priority = gw.keyring.priority(caller, request)
         rec.priority = exchange.priority.value
         check_content_type(request)
-        async with asyncio.timeout(config.server.body_read_timeout_s):
+        if request.content.is_eof():  # it all came with the headers: no wait, no timer
             raw = await read_body(request, config.server.max_body_bytes)
+        else:
+            async with asyncio.timeout(config.server.body_read_timeout_s):
+                raw = await read_body(request, config.server.max_body_bytes)
         parsed = exchange.parsed = parse_request(raw, endpoint, config.server.max_messages)
         rec.stream = parsed.stream
         route = config.routes.get(parsed.model)

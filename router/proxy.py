@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from policies.config import BackendConfig
 from policies.fallback import estimate_tokens
@@ -64,12 +65,16 @@ class Upstream:
     session: aiohttp.ClientSession  # kept across config reloads: one pool of connections
     timeout: aiohttp.ClientTimeout = field(init=False)  # per request: follows the config
     draining: int = field(default=0, init=False)  # answers read for clients that left
+    _urls: dict[Endpoint, URL] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
 
-    def url(self, endpoint: Endpoint) -> str:
-        return self.base_url + endpoint.value.removeprefix("/v1")
+    def url(self, endpoint: Endpoint) -> URL:
+        url = self._urls.get(endpoint)
+        if url is None:  # parsed once per endpoint, not per request
+            url = self._urls[endpoint] = URL(self.base_url + endpoint.value.removeprefix("/v1"))
+        return url
 
     def auth_headers(self) -> dict[str, str]:
         auth = self.auth_header()
@@ -216,11 +221,10 @@ async def _exchange(
                 relay.first_byte_at = time.perf_counter()
                 _usage_from_body(raw, relay.usage)
                 done = True
-                out = web.Response(body=raw, status=200,
-                                   headers=returned_headers(up.headers, upstream.secret()))
-                out.headers.update(extra_headers)
-                out.content_type = "application/json"
-                return out
+                headers_out = returned_headers(up.headers, upstream.secret())
+                headers_out.update(extra_headers)
+                headers_out["Content-Type"] = "application/json"
+                return web.Response(body=raw, status=200, headers=headers_out)
             events = EventRelay(strip_usage, relay.usage)
             first = await up.content.readany()
             relay.first_byte_at = time.perf_counter()

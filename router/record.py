@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
+import random
 import re
 from dataclasses import dataclass
 
@@ -13,6 +15,10 @@ from aiohttp import web
 from router.openai_api import ParsedRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# Request ids need to be unique, not secret: a generator seeded once from the OS, rather
+# than a getrandom() system call per request.
+_IDS = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))  # never shared
 _MAX_SUBJECT = 512
 
 
@@ -60,6 +66,11 @@ class RequestRecord:
     tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
     phase: Phase = Phase.ADMISSION
     disconnect: Phase | None = None
+
+
+def new_id() -> str:
+    """The gateway's own request id: 32 hex digits, as a UUID's (engines may check)."""
+    return f"{_IDS.getrandbits(128):032x}"
 
 
 def request_id(request: web.Request, own: str) -> str:
