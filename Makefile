@@ -28,7 +28,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check router policies classifier tests bench
 	$(BIN)/mypy
 
+# The side-by-side suite (docs/BENCHMARKS.md): slotgate against LiteLLM, nginx and no proxy,
+# ~6-7 minutes; installs nginx and wrk with apt-get when missing, LiteLLM into its own venv.
+.PHONY: bench-quick bench-overhead
 bench: $(STAMP)
+	$(BIN)/python bench/suite.py --apt
+
+bench-quick: $(STAMP)   # one short round, nothing rewritten
+	$(BIN)/python bench/suite.py --apt --quick --no-doc
+
+bench-overhead: $(STAMP)   # the older gateway-vs-direct bench alone
 	$(BIN)/python bench/overhead.py
 
 # A real engine for tests/engine: llama.cpp's server and a small GGUF model, in a venv of

@@ -48,9 +48,12 @@ class Target:
 
 
 async def request_once(session: aiohttp.ClientSession, url: str, body: bytes,
-                       request_id: str | None = None) -> bytes:
+                       request_id: str | None = None,
+                       extra_headers: Mapping[str, str] | None = None) -> bytes:
     """POST `body`, read the whole answer (time to last byte); raise BenchError if not 200."""
-    headers = JSON_HEADERS if request_id is None else {**JSON_HEADERS, "X-Request-Id": request_id}
+    headers = {**JSON_HEADERS, **(extra_headers or {})}
+    if request_id is not None:
+        headers["X-Request-Id"] = request_id
     async with session.post(url, data=body, headers=headers) as resp:
         data = await resp.read()
         if resp.status != 200:
@@ -178,7 +181,8 @@ async def stream_relay(session: aiohttp.ClientSession, target: Target, concurren
 
 
 async def tagged_requests(session: aiohttp.ClientSession, target: Target, clients: int,
-                          count: int, time_limit_s: float, prefix: str) -> int:
+                          count: int, time_limit_s: float, prefix: str,
+                          extra_headers: Mapping[str, str] | None = None) -> int:
     """`clients` workers send non-streaming requests with X-Request-Id `prefix`-N.
 
     Returns how many succeeded; the engine's records are joined on these ids.
@@ -192,7 +196,7 @@ async def tagged_requests(session: aiohttp.ClientSession, target: Target, client
         nonlocal sent, done
         while sent < count and time.perf_counter() < stop_at:
             sent += 1
-            await request_once(session, target.url, body, f"{prefix}-{sent}")
+            await request_once(session, target.url, body, f"{prefix}-{sent}", extra_headers)
             done += 1
 
     await asyncio.gather(*(worker() for _ in range(clients)))

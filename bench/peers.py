@@ -1,0 +1,494 @@
+"""The servers of the side-by-side suite (bench/suite.py) and the tools it installs.
+
+Every server runs in its own process group on a free loopback port, is polled until it
+answers, and is stopped (SIGTERM to its group, then SIGKILL) when `Fleet` exits. CPU time
+and memory are read from /proc for a server's whole process tree (nginx's master and
+worker, slotgate's --workers parent and children). Never touches anything but loopback.
+
+Optional tools install themselves the first time, each into a place of its own:
+LiteLLM's proxy into bench/.venv-litellm, matplotlib and py-spy into bench/.venv-tools
+(both gitignored), nginx and wrk from Debian's packages when `apt` is allowed. Whatever
+cannot be installed is skipped, with the reason, and the rest of the suite still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from harness import HOST, REPO, free_port, slotgate_command
+
+BENCH = REPO / "bench"
+LITELLM_VENV = BENCH / ".venv-litellm"
+TOOLS_VENV = BENCH / ".venv-tools"
+# litellm[proxy] from 1.109 on needs companion packages newer than the registry serves
+# here (litellm-proxy, litellm-proxy-extras 0.4.113); 1.108.0 installs as a whole.
+LITELLM_REQUIREMENT = "litellm[proxy]==1.108.0"
+TOOLS_REQUIREMENTS = ("matplotlib==3.11.2", "py-spy==0.4.3")
+MOCK_MODEL = "mock"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_STOP_TIMEOUT_S = 10.0
+_INSTALL_TIMEOUT_S = 900.0
+
+
+# ---------------------------------------------------------------- /proc
+
+
+def children_of(pid: int) -> list[int]:
+    """`pid` and all its descendants that are alive now."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(raw[raw.rindex(")") + 2:].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(parents.get(current, []))
+    return out
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """utime + stime (fields 14 and 15 of /proc/PID/stat) summed over `pids`."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            raw = Path(f"/proc/{pid}/stat").read_text()
+            fields = raw[raw.rindex(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / _CLOCK_TICKS
+
+
+def status_kib(pids: Iterable[int], key: str) -> int:
+    """A /proc/PID/status field in KiB (VmRSS, VmHWM) summed over `pids`."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith(key + ":"):
+                    total += int(line.split()[1])
+                    break
+    return total
+
+
+def pin(pids: Iterable[int], cpus: set[int]) -> None:
+    """Every thread of every process in `pids` onto `cpus` (as `taskset -a -p`)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), cpus)
+
+
+# ---------------------------------------------------------------- servers
+
+
+@dataclass
+class Server:
+    """One running server (and its child processes)."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    url: str  # http://127.0.0.1:PORT
+    log_path: Path
+    chat_url: str = ""  # where chat completions go
+    auth: str = ""  # the Authorization header value it needs, if any
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def tree(self) -> list[int]:
+        return children_of(self.pid)
+
+    def cpu_s(self) -> float:
+        return cpu_seconds(self.tree())
+
+    def rss_mib(self) -> float:
+        return status_kib(self.tree(), "VmRSS") / 1024
+
+    def hwm_mib(self) -> float:
+        """Peak RSS (VmHWM), summed over the processes of the tree."""
+        return status_kib(self.tree(), "VmHWM") / 1024
+
+    def pin(self, cpus: set[int]) -> None:
+        pin(self.tree(), cpus)
+
+    def log_tail(self, limit: int = 3000) -> str:
+        with contextlib.suppress(OSError), self.log_path.open("rb") as log:
+            log.seek(max(0, self.log_path.stat().st_size - limit))
+            return log.read().decode(errors="replace")
+        return ""
+
+
+def http_ok(url: str, headers: Mapping[str, str] | None = None) -> bool:
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(request, timeout=2.0) as resp:  # loopback only
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def stop(server: Server) -> None:
+    popen = server.popen
+    if popen.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGTERM)
+        try:
+            popen.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(_STOP_TIMEOUT_S)
+    with contextlib.suppress(ProcessLookupError):  # stragglers of its group (nginx workers)
+        os.killpg(popen.pid, signal.SIGKILL)
+
+
+@dataclass
+class Fleet:
+    """Starts servers, and stops every one of them on exit whatever happened."""
+
+    servers: list[Server] = field(default_factory=list)
+    _tmp: tempfile.TemporaryDirectory[str] = field(
+        default_factory=lambda: tempfile.TemporaryDirectory(prefix="slotgate-suite-"))
+
+    @property
+    def dir(self) -> Path:
+        return Path(self._tmp.name)
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for server in reversed(self.servers):
+            stop(server)
+        self.servers.clear()
+        self._tmp.cleanup()
+
+    def start(self, name: str, argv: Sequence[str], url: str, probe: str, *,
+              env: Mapping[str, str] | None = None, unset: Sequence[str] = (),
+              timeout_s: float = 30.0,
+              probe_headers: Mapping[str, str] | None = None) -> Server:
+        log_path = self.dir / f"{name}.log"
+        environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(list(argv), cwd=self.dir, stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     env=environment, start_new_session=True)
+        server = Server(name, popen, url, log_path)
+        self.servers.append(server)
+        deadline = time.monotonic() + timeout_s
+        while not http_ok(url + probe, probe_headers):
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start:\n{server.log_tail()}")
+            time.sleep(0.1)
+        return server
+
+    def retire(self, server: Server) -> None:
+        stop(server)
+        self.servers.remove(server)
+
+    def redis(self) -> str:
+        """A private redis-server on a free loopback port (no persistence): its URL."""
+        program = shutil.which("redis-server")
+        if program is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        port = free_port()
+        log_path = self.dir / "redis.log"
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen([program, "--port", str(port), "--bind", HOST, "--save",
+                                      "", "--appendonly", "no"], cwd=self.dir,
+                                     stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        server = Server("redis", popen, f"redis://{HOST}:{port}/0", log_path)
+        self.servers.append(server)
+        deadline = time.monotonic() + 10.0
+        while b"Ready to accept connections" not in log_path.read_bytes():
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start: {server.log_tail(500)}")
+            time.sleep(0.05)
+        return server.url
+
+    # ------------------------------------------------------------ the servers
+
+    def mock(self) -> Server:
+        port = free_port()
+        server = self.start("mock", [sys.executable, str(BENCH / "mock_backend.py"),
+                                     "--host", HOST, "--port", str(port)],
+                            f"http://{HOST}:{port}", "/health")
+        server.chat_url = server.url + "/v1/chat/completions"
+        return server
+
+    def simulator(self) -> Server:
+        """slotgate's own simulated engine at zero think time: it keeps per-request records
+        (GET /sim/requests) and can hold every generation (POST /sim/hold)."""
+        port = free_port()
+        args = ["simulate", "--host", HOST, "--port", str(port), "--slots", "4096",
+                "--ttft-s", "0", "--tokens-per-s", "0", "--output-tokens", "16",
+                "--model", MOCK_MODEL]
+        server = self.start("simulator", [*slotgate_command(), *args], f"http://{HOST}:{port}",
+                            "/sim/stats")
+        server.chat_url = server.url + "/v1/chat/completions"
+        return server
+
+    def slotgate(self, name: str, config_yaml: str, port: int, key: str,
+                 workers: int = 1) -> Server:
+        config = self.dir / f"{name}.yaml"
+        config.write_text(config_yaml)
+        args = ["serve", "--config", str(config), "--log-level", "INFO"]
+        if workers > 1:
+            args += ["--workers", str(workers)]
+        server = self.start(name, [*slotgate_command(), *args], f"http://{HOST}:{port}",
+                            "/readyz", timeout_s=60.0)
+        server.chat_url = server.url + "/v1/chat/completions"
+        server.auth = f"Bearer {key}"
+        return server
+
+    def litellm(self, mock_url: str, key: str) -> Server:
+        port = free_port()
+        config = self.dir / "litellm.yaml"
+        config.write_text(litellm_yaml(mock_url, key))
+        env = {  # no telemetry, no cost map download, no .env, no database
+            "LITELLM_TELEMETRY": "False", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_MODE": "PRODUCTION", "DISABLE_SCHEMA_UPDATE": "True",
+            "NO_DOCS": "True", "DO_NOT_TRACK": "1",
+        }
+        argv = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(config),
+                "--host", HOST, "--port", str(port), "--num_workers", "1"]
+        server = self.start("litellm", argv, f"http://{HOST}:{port}", "/health/liveliness",
+                            env=env, unset=("DATABASE_URL",), timeout_s=120.0)
+        server.chat_url = server.url + "/v1/chat/completions"
+        server.auth = f"Bearer {key}"
+        return server
+
+    def nginx(self, nginx: str, mock_url: str) -> Server:
+        port = free_port()
+        root = self.dir / "nginx"
+        root.mkdir(exist_ok=True)
+        root.chmod(0o777)  # the worker runs as nobody when we are root
+        config = root / "nginx.conf"
+        config.write_text(nginx_conf(port, mock_url, root))
+        argv = [nginx, "-p", str(root), "-c", str(config), "-e", str(root / "error.log")]
+        server = self.start("nginx", argv, f"http://{HOST}:{port}", "/health")
+        server.chat_url = server.url + "/v1/chat/completions"
+        return server
+
+
+def key_sha256(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def slotgate_yaml(port: int, backends: Mapping[str, str], *, ledger: Path,
+                  key: str, extra_backends: str = "", extra_routes: str = "",
+                  coordination: str = "") -> str:
+    """The production-like config: auth (one key), access log, ledger (SQLite), metrics
+    (always on), and a route whose simple requests may go to a second backend while the
+    primary is saturated (`fallback.when: saturated`: the classifier is loaded and runs
+    for every request that would wait). Slots are not the limit (1024)."""
+    primary, small = backends["primary"], backends["small"]
+    price = "price: {input_per_mtok: 1.0, output_per_mtok: 2.0}"
+    return f"""server: {{host: {HOST}, port: {port}, shutdown_timeout_s: 2}}
+logging: {{access: true}}
+auth:
+  enabled: true
+  keys:
+    - {{id: bench, sha256: {key_sha256(key)}, tenant: bench}}
+ledger: {{path: "{ledger}"}}
+{coordination}backends:
+  mock: {{url: "{primary}/v1", model: {MOCK_MODEL}, slots: 1024, queue_limit: 1024, {price}}}
+  mock-small: {{url: "{small}/v1", model: {MOCK_MODEL}, slots: 1024, queue_limit: 1024,
+               {price}}}
+{extra_backends}routes:
+  mock:
+    primary: mock
+    fallbacks: [mock-small]
+    overflow: fallback
+    fallback: {{when: saturated, min_confidence: 0.8}}
+{extra_routes}"""
+
+
+def litellm_yaml(mock_url: str, key: str) -> str:
+    return f"""model_list:
+  - model_name: {MOCK_MODEL}
+    litellm_params:
+      model: openai/{MOCK_MODEL}
+      api_base: {mock_url}/v1
+      api_key: sk-mock-unused
+general_settings:
+  master_key: {key}
+litellm_settings:
+  telemetry: false
+"""
+
+
+def nginx_conf(port: int, mock_url: str, root: Path) -> str:
+    upstream = mock_url.removeprefix("http://")
+    return f"""daemon off;
+master_process on;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log {root}/access.log combined buffer=64k flush=1s;
+    client_body_temp_path {root}/client_body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+    upstream mock {{
+        server {upstream};
+        keepalive 128;
+    }}
+    server {{
+        listen {HOST}:{port} reuseport backlog=4096;
+        keepalive_requests 100000;
+        location / {{
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 120s;
+        }}
+    }}
+}}
+"""
+
+
+# ---------------------------------------------------------------- installing
+
+
+@dataclass
+class Tools:
+    """What the suite found or installed, and why anything is missing."""
+
+    wrk: str | None = None
+    nginx: str | None = None
+    litellm: bool = False
+    tools_python: str | None = None  # the bench/.venv-tools interpreter (matplotlib)
+    py_spy: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _run(argv: Sequence[str], timeout_s: float = _INSTALL_TIMEOUT_S) -> tuple[bool, str]:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    lines = [line for line in (done.stdout + done.stderr).decode(errors="replace").splitlines()
+             if not line.startswith("WARNING: Location")]  # the registry mirror's chatter
+    return done.returncode == 0, "\n".join(lines[-5:])
+
+
+def base_python() -> str:
+    """The interpreter this venv was made from: new venvs must not nest in ours."""
+    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"):
+        candidate = Path(sys.base_prefix) / "bin" / name
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("python3") or sys.executable
+
+
+def ensure_venv(venv: Path, requirements: Sequence[str], log: list[str]) -> bool:
+    """A venv holding exactly `requirements`, made once and kept (a stamp file says what)."""
+    stamp = venv / ".bench-installed"
+    wanted = "\n".join(requirements)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return True
+    print(f"  installing {' '.join(requirements)} into {venv.relative_to(REPO)} ...",
+          file=sys.stderr, flush=True)
+    started = time.monotonic()
+    if not (venv / "bin" / "python").exists():
+        ok, out = _run([base_python(), "-m", "venv", str(venv)])
+        if not ok:
+            log.append(f"could not create {venv.name}: {out}")
+            return False
+    (venv / ".gitignore").write_text("*\n")
+    pip = str(venv / "bin" / "pip")
+    _run([pip, "install", "--quiet", "--upgrade", "pip"])
+    ok, out = _run([pip, "install", "--quiet", *requirements])
+    if not ok:
+        log.append(f"pip install {' '.join(requirements)} failed: {out.strip()}")
+        return False
+    stamp.write_text(wanted)
+    print(f"  ... done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return True
+
+
+def ensure_apt(programs: Mapping[str, str], allow: bool, log: list[str]) -> dict[str, str]:
+    """{program: path} for those found; installs the missing Debian packages if allowed."""
+    found = {p: path for p in programs if (path := shutil.which(p) or _sbin(p))}
+    missing = {p: pkg for p, pkg in programs.items() if p not in found}
+    if missing and allow:
+        print(f"  apt-get install {' '.join(missing.values())} ...", file=sys.stderr, flush=True)
+        env_ok, out = _run(["apt-get", "update", "-q"], 300)
+        if env_ok:
+            env_ok, out = _run(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install",
+                                "-y", "-q", "--no-install-recommends", *missing.values()])
+        if not env_ok:
+            log.append(f"apt-get install {' '.join(missing.values())} failed: {out.strip()}")
+        found.update({p: path for p in missing if (path := shutil.which(p) or _sbin(p))})
+    for program, pkg in programs.items():
+        if program not in found:
+            hint = "" if allow else f" (run with --apt, or apt-get install {pkg})"
+            log.append(f"{program} is not installed: skipped{hint}")
+    return found
+
+
+def _sbin(program: str) -> str | None:
+    path = Path("/usr/sbin") / program
+    return str(path) if path.exists() else None
+
+
+def prepare(*, apt: bool, litellm: bool, nginx: bool) -> Tools:
+    tools = Tools()
+    wanted = {"wrk": "wrk"}
+    if nginx:
+        wanted["nginx"] = "nginx"
+    found = ensure_apt(wanted, apt, tools.notes)
+    tools.wrk, tools.nginx = found.get("wrk"), found.get("nginx")
+    if not nginx:
+        tools.notes.append("nginx: skipped (--no-nginx)")
+    if litellm:
+        tools.litellm = ensure_venv(LITELLM_VENV, [LITELLM_REQUIREMENT], tools.notes)
+    else:
+        tools.notes.append("LiteLLM: skipped (--no-litellm)")
+    if ensure_venv(TOOLS_VENV, TOOLS_REQUIREMENTS, tools.notes):
+        tools.tools_python = str(TOOLS_VENV / "bin" / "python")
+        tools.py_spy = str(TOOLS_VENV / "bin" / "py-spy")
+    return tools
+
+
+def version_of(argv: Sequence[str]) -> str | None:
+    """The first line a tool prints about its version (nginx and wrk print to stderr)."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (done.stdout + done.stderr).decode(errors="replace").strip()
+    return text.splitlines()[0] if text else None
