@@ -1,16 +1,15 @@
-"""The suite's output: figures (median and spread over rounds, ratios within each round),
-the terminal report, the chart, and the generated top section of docs/BENCHMARKS.md."""
+"""The suite's output: the machine description, the terminal report, the chart, and the
+generated top section of docs/BENCHMARKS.md (figures in suite_figures.py, tables in
+suite_tables.py)."""
 
 from __future__ import annotations
 
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,15 @@ from typing import Any
 import orjson
 from harness import REPO
 from peers import LITELLM_VENV, Tools, version_of
+from suite_figures import figures, target_checks
+from suite_tables import (
+    machine_lines,
+    per_target_table,
+    profile_lines,
+    ratio_table,
+    slotgate_table,
+    table,
+)
 
 Result = dict[str, Any]
 DOC = REPO / "docs" / "BENCHMARKS.md"
@@ -72,308 +80,6 @@ def describe_machine(tools: Tools) -> Result:
         .replace("server v=", "") or None,
         "loadavg": list(os.getloadavg()),
     }
-
-
-# ---------------------------------------------------------------- figures
-
-
-def spread(values: Sequence[float]) -> Result | None:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
-            "n": len(vals)}
-
-
-def _cells(result: Result, phase: str, target: str, key: str) -> list[float | None]:
-    """One value per round (None where the round failed or lacks the target)."""
-    out: list[float | None] = []
-    for row in result.get("rounds", []):
-        cell = row.get(phase, {}).get(target)
-        out.append(None if not cell or "error" in cell else cell.get(key))
-    return out
-
-
-def _pairwise(result: Result, phase: str, key: str, a: str, b: str,
-              op: Callable[[float, float], float]) -> list[float]:
-    out = []
-    for x, y in zip(_cells(result, phase, a, key), _cells(result, phase, b, key), strict=True):
-        if x is not None and y is not None and (y or op is _diff):
-            out.append(op(x, y))
-    return out
-
-
-def _diff(x: float, y: float) -> float:
-    return x - y
-
-
-def _ratio(x: float, y: float) -> float:
-    return x / y
-
-
-# (label, phase, key, unit): the per-target rows; "+" rows are differences to direct
-ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("latency c=1, p50", "latency_c1", "p50_ms", "ms"),
-    ("latency c=1, p99", "latency_c1", "p99_ms", "ms"),
-    ("+ added latency c=1, p50", "latency_c1", "p50_ms", "ms"),
-    ("+ added latency c=1, p99", "latency_c1", "p99_ms", "ms"),
-    ("requests/s c=64 (wrk)", "throughput_c64", "rps", "/s"),
-    ("p99 at c=64", "throughput_c64", "p99_ms", "ms"),
-    ("server CPU per request, c=64", "throughput_c64", "cpu_us_per_request", "us"),
-    ("server busy at c=64 (share of a core)", "throughput_c64", "server_busy", "x"),
-    ("CPU 1 busy at c=64 (wrk + mock)", "throughput_c64", "load_busy", "x"),
-    ("stream chunks/s, c=16 x 200 chunks", "stream_c16", "chunks_per_s", "/s"),
-    ("time to first chunk, p50", "stream_c16", "ttfc_p50_ms", "ms"),
-    ("+ added time to first chunk, p50", "stream_c16", "ttfc_p50_ms", "ms"),
-    ("time to first chunk, p99", "stream_c16", "ttfc_p99_ms", "ms"),
-    ("server CPU per chunk", "stream_c16", "cpu_us_per_chunk", "us"),
-    ("server busy, streams (share of a core)", "stream_c16", "server_busy", "x"),
-    ("CPU 1 busy, streams (client + mock)", "stream_c16", "load_busy", "x"),
-)
-RATIO_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("latency c=1, p50", "latency_c1", "p50_ms"),
-    ("latency c=1, p99", "latency_c1", "p99_ms"),
-    ("requests/s c=64", "throughput_c64", "rps"),
-    ("p99 at c=64", "throughput_c64", "p99_ms"),
-    ("CPU per request c=64", "throughput_c64", "cpu_us_per_request"),
-    ("stream chunks/s c=16", "stream_c16", "chunks_per_s"),
-    ("time to first chunk p50", "stream_c16", "ttfc_p50_ms"),
-    ("CPU per chunk", "stream_c16", "cpu_us_per_chunk"),
-)
-
-
-def figures(result: Result) -> Result:
-    targets: list[str] = result.get("targets", [])
-    per_target: dict[str, dict[str, Result | None]] = {}
-    for label, phase, key, _unit in ROWS:
-        per_target[label] = {}
-        for t in targets:
-            if label.startswith("+"):
-                values = _pairwise(result, phase, key, t, "direct", _diff) if t != "direct" \
-                    else []
-            else:
-                values = [v for v in _cells(result, phase, t, key) if v is not None]
-            per_target[label][t] = spread(values)
-    peak = result.get("peak_rss_mib", {})
-    pairs = [(t, "direct") for t in targets if t != "direct"]
-    pairs += [("slotgate", p) for p in targets if p not in ("direct", "slotgate")]
-    ratios: dict[str, dict[str, Result | None]] = {}
-    for label, phase, key in RATIO_ROWS:
-        ratios[label] = {f"{a} / {b}": spread(_pairwise(result, phase, key, a, b, _ratio))
-                         for a, b in pairs}
-    ratios["peak RSS"] = {f"{a} / {b}": ({"median": peak[a] / peak[b], "min": peak[a] / peak[b],
-                                          "max": peak[a] / peak[b], "n": 1}
-                                         if peak.get(a) and peak.get(b) else None)
-                          for a, b in pairs}
-    return {"per_target": per_target, "ratios": ratios, "targets": targets,
-            "pairs": [f"{a} / {b}" for a, b in pairs]}
-
-
-def redis_figures(redis: Result | None) -> Result | None:
-    if not redis:
-        return None
-    rows = redis["rounds"]
-    one = spread([r["rps"] for r in rows.get(1, rows.get("1", []))])
-    two = spread([r["rps"] for r in rows.get(2, rows.get("2", []))])
-    cpu1 = spread([r["cpu_us_per_request"] for r in rows.get(1, rows.get("1", []))])
-    cpu2 = spread([r["cpu_us_per_request"] for r in rows.get(2, rows.get("2", []))])
-    ratio = two["median"] / one["median"] if one and two and one["median"] else None
-    return {"rps_1": one, "rps_2": two, "ratio": ratio, "cpu_1": cpu1, "cpu_2": cpu2}
-
-
-def target_checks(result: Result, fig: Result) -> list[tuple[str, str, str, bool | None]]:
-    """The issue's targets: (target, limit, measured, met); None where not measured."""
-    pt = fig["per_target"]
-
-    def med(label: str, target: str = "slotgate") -> float | None:
-        cell = pt.get(label, {}).get(target)
-        return cell["median"] if cell else None
-
-    checks: list[tuple[str, str, str, bool | None]] = []
-
-    def check(name: str, value: float | None, op: str, limit: float, fmt: str,
-              note: str = "") -> None:
-        if value is None:
-            checks.append((name, f"{op} {limit:g}", "not measured", None))
-            return
-        ok = value <= limit if op == "<=" else value >= limit
-        checks.append((name, f"{op} {limit:g}", fmt.format(value) + note, ok))
-
-    check("added latency c=1 p50 (ms)", med("+ added latency c=1, p50"), "<=", 0.5, "{:.2f}")
-    check("added latency c=1 p99 (ms)", med("+ added latency c=1, p99"), "<=", 2.0, "{:.2f}")
-    check("requests/s at c=64, one process", med("requests/s c=64 (wrk)"), ">=", 4000, "{:,.0f}")
-    chunks = fig["ratios"]["stream chunks/s c=16"].get("slotgate / nginx")
-    per_chunk = fig["ratios"]["CPU per chunk"].get("slotgate / nginx")
-    check("stream chunks/s vs nginx (ratio)", chunks["median"] if chunks else None, ">=", 1.0,
-          "x{:.2f}", f" (CPU per chunk x{per_chunk['median']:.2f} of nginx's)"
-          if per_chunk else "")
-    nginx_ttfc = med("+ added time to first chunk, p50", "nginx")
-    check("added time to first chunk p50 (ms)", med("+ added time to first chunk, p50"), "<=",
-          1.0, "{:.2f}", f" (nginx {nginx_ttfc:+.2f})" if nginx_ttfc is not None else "")
-    check("peak RSS (MiB)", result.get("peak_rss_mib", {}).get("slotgate"), "<=", 100, "{:.1f}")
-    queue = (result.get("saturation") or {}).get("queue_memory") or {}
-    check("memory per queued request (KiB)", queue.get("kib_per_request"), "<=", 20, "{:.1f}")
-    check("suite time (min)", result.get("elapsed_s", 0) / 60 or None, "<=", 15, "{:.1f}")
-    return checks
-
-
-# ---------------------------------------------------------------- formatting
-
-
-def num(value: float | None, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if unit == "x":
-        return f"{value * 100:.0f}%"
-    a = abs(value)
-    if a >= 1000:
-        return f"{value:,.0f}"
-    if a >= 100:
-        return f"{value:.0f}"
-    if a >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}" if a >= 0.1 else f"{value:.3f}"
-
-
-def cell(s: Result | None, unit: str = "", signed: bool = False) -> str:
-    if not s:
-        return "-"
-    sign = "+" if signed and s["median"] >= 0 else ""
-    main = sign + num(s["median"], unit)
-    if s["n"] <= 1:
-        return main
-    return f"{main} ({num(s['min'], unit)} to {num(s['max'], unit)})"
-
-
-def ratio_cell(s: Result | None) -> str:
-    if not s:
-        return "-"
-    if s["n"] <= 1:
-        return f"x{_rnum(s['median'])}"
-    return f"x{_rnum(s['median'])} ({_rnum(s['min'])}-{_rnum(s['max'])})"
-
-
-def _rnum(value: float) -> str:
-    if value >= 100:
-        return f"{value:,.0f}"
-    if value >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}" if value >= 0.01 else f"{value:.4f}"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(row) + " |" for row in rows]
-    return out
-
-
-def _units(unit: str) -> str:
-    return {"ms": " (ms)", "us": " (us)", "/s": "", "x": ""}.get(unit, "")
-
-
-def per_target_table(result: Result, fig: Result) -> list[str]:
-    targets = fig["targets"]
-    rows = []
-    for label, _phase, _key, unit in ROWS:
-        name = label.removeprefix("+ ")
-        rows.append([name + _units(unit)] + [
-            cell(fig["per_target"][label][t], unit, signed=label.startswith("+"))
-            for t in targets])
-    peak = result.get("peak_rss_mib", {})
-    rows.append(["peak RSS, VmHWM (MiB)"] + [num(peak.get(t)) for t in targets])
-    return table(["figure", *targets], rows)
-
-
-def ratio_table(fig: Result) -> list[str]:
-    rows = [[label] + [ratio_cell(fig["ratios"][label][p]) for p in fig["pairs"]]
-            for label in fig["ratios"]]
-    return table(["figure", *fig["pairs"]], rows)
-
-
-def slotgate_table(result: Result) -> list[str]:
-    rows: list[list[str]] = []
-    sat = result.get("saturation") or {}
-    q = sat.get("queue_memory")
-    if q:
-        short = (f"; **only {q['queued']:,} of {q['wanted']:,} were in the queue when the "
-                 f"{q['time_limit_s']:g} s allowed ran out**"
-                 if q["queued"] < q["wanted"] else "")
-        rows.append([f"memory per queued streaming request ({q['queued']:,} queued)",
-                     f"**{num(q['kib_per_request'])} KiB**",
-                     f"VmRSS {num(q['rss_before_mib'])} -> {num(q['rss_after_mib'])} MiB; "
-                     f"clients connected for {q['seconds_to_queue']:.1f} s "
-                     f"({q['queued'] / q['seconds_to_queue']:,.0f} queued/s){short}"])
-    h = sat.get("handoff")
-    if h:
-        rows.append(["slot hand-off under saturation, p50 / p99 (ms)",
-                     f"**{num(h['gateway_ms']['p50'])} / {num(h['gateway_ms']['p99'])}**",
-                     f"direct client turnaround {num(h['direct_ms']['p50'])} / "
-                     f"{num(h['direct_ms']['p99'])}; added {h['added_p50_ms']:+.2f} / "
-                     f"{h['added_p99_ms']:+.2f}; {h['requests']:,} requests, 1 slot, "
-                     f"20 clients; engine overlaps {h['engine_overlaps']}"])
-    for size, c in (result.get("classifier") or {}).items():
-        if c:
-            rows.append([f"classifier predict, {size}-char prompt, p50 / p99 (us)",
-                         f"**{num(c['p50_us'])} / {num(c['p99_us'])}**",
-                         "bench/classifier_latency.py, in-process"])
-    r = redis_figures(result.get("redis"))
-    if r:
-        rows.append(["Redis coordination, requests/s c=64: 1 process",
-                     f"**{cell(r['rps_1'])}**", f"CPU per request {cell(r['cpu_1'])} us; "
-                     "unpinned: the workers, wrk, the mock and Redis share the 2 cores"])
-        ratio = f"x{r['ratio']:.2f} of 1 process" if r["ratio"] else ""
-        rows.append(["Redis coordination, requests/s c=64: 2 processes (`--workers 2`)",
-                     f"**{cell(r['rps_2'])}**",
-                     f"{ratio}; CPU per request {cell(r['cpu_2'])} us (both workers)"])
-    return table(["figure", "value", "detail"], rows)
-
-
-def profile_lines(profile: Result | None) -> list[str]:
-    if not profile:
-        return ["No profile this run (py-spy or wrk missing: see the notes)."]
-    ticks = profile["seconds"] * profile.get("rate_hz", 250)
-    others = "; ".join(f"{name} {n:,}" for name, n in profile.get("threads", {}).items()
-                       if name != "MainThread")
-    out = [f"py-spy (`record --threads --nolineno --rate 250`) on `slotgate serve` for "
-           f"{profile['seconds']} s under wrk at c=64: the main thread (the event loop, "
-           f"every request's path) was active in {profile['samples']:,} of ~{ticks:,} "
-           f"sampling ticks ({profile['samples'] / ticks * 100:.0f}%); the shares below are "
-           f"of those samples. slotgate's own code (router/, policies/, classifier/) is on "
-           f"the stack in {profile['own_code_on_stack'] * 100:.0f}% of them. Other threads' "
-           f"samples: {others or 'none'}. Raw stacks: `{profile['raw_file']}` (not "
-           f"committed; `.venv/bin/python bench/suite_profile.py FILE` summarises it).", ""]
-    inclusive = {r["function"]: r["share"] for r in profile["own_inclusive"]}
-    rows = [[f"`{r['function']}`", f"{r['share'] * 100:.1f}%",
-             f"{inclusive[r['function']] * 100:.1f}%" if r["function"] in inclusive else "-"]
-            for r in profile["own_exclusive"][:15]]
-    out += ["Hot spots: the deepest slotgate frame of each sample (*own*: the function's "
-            "lines and the library code it calls, without the slotgate functions it calls; "
-            "`cli.py:_run_until_signal` is the event loop and aiohttp's protocol code outside "
-            "any handler). *Inclusive*: on the stack anywhere (top 15 only).", ""]
-    out += table(["slotgate function", "own", "inclusive"], rows)
-    out += ["", "The same own time split by what each function was calling (the frame below "
-            "the deepest slotgate frame):", ""]
-    out += table(["slotgate function -> callee", "share"],
-                 [[f"`{r['function']}`", f"{r['share'] * 100:.1f}%"]
-                  for r in profile.get("own_callee", [])[:15]])
-    out += ["", "Where the main thread was (leaf frames), by library, and the top leaves:", ""]
-    out += table(["library", "share"], [[r["function"], f"{r['share'] * 100:.1f}%"]
-                                         for r in profile["leaf_by_library"][:10]])
-    leaves = [[f"`{r['function']}`", f"{r['share'] * 100:.1f}%"] for r in profile["leaf"][:12]]
-    out += ["", *table(["leaf frame", "share"], leaves)]
-    return out
-
-
-def machine_lines(result: Result) -> list[str]:
-    m = result["machine"]
-    return [
-        f"- {m['nproc']} CPUs (`nproc`), `{m['cpu_model']}`, {m['memory_gib']} GiB RAM, "
-        f"kernel {m['kernel']}; shared with other people's work (load average "
-        f"{m['loadavg'][0]:.2f} at the start, {m['loadavg_end'][0]:.2f} at the end)",
-        f"- Python {m['python']}, aiohttp {m['aiohttp']}, uvloop {m['uvloop']}; "
-        f"LiteLLM {m['litellm'] or 'not run'}; {m['nginx'] or 'nginx not run'}; "
-        f"{m['wrk'] or 'wrk missing'}; {m['redis'] or 'redis-server missing'}",
-    ]
 
 
 def markdown(result: Result, fig: Result, chart: bool) -> str:

@@ -108,6 +108,11 @@ class FailoverPool:
             return self.local.next_change()
         return self.shared.next_change()
 
+    def next_move(self) -> asyncio.Future[None]:
+        if self.degraded and self.local is not None:
+            return self.local.next_move()
+        return self.shared.next_move()
+
     def watch(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         def relay(_: object) -> None:
             callback(self)

@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from policies.breaker import BreakerState, CircuitBreaker
 from policies.config import Priority
-from policies.eta import HoldTimeModel, predict_wait
+from policies.eta import HoldTimeModel, predict_waits
 from policies.redis_scripts import (
     ACQUIRE,
     ENQUEUE,
@@ -303,14 +303,19 @@ class RedisSlotPool:
         if cached is None:
             age = self.clock() - self._ages_at
             ages = [a + age for a in self._ages]
-            cached = self._forecasts[position] = predict_wait(
-                self.estimator, ages, self.capacity, position)
+            waits = predict_waits(self.estimator, ages, self.capacity,
+                                  max(position, self.queued))  # one solve for the line
+            self._forecasts.update(enumerate(waits, 1))
+            cached = waits[position - 1]
         return cached
 
     def next_change(self) -> asyncio.Future[None]:
         if self._change is None or self._change.done():
             self._change = asyncio.get_running_loop().create_future()
         return self._change
+
+    def next_move(self) -> asyncio.Future[None]:
+        return self.next_change()  # places come from POLL replies, which follow changes
 
     def watch(self, callback: Callable[[RedisSlotPool], None]) -> Callable[[], None]:
         self._watchers.append(callback)

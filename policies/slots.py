@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from bisect import bisect_left, insort
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from policies.config import Priority
-from policies.eta import HoldTimeModel, predict_wait
+from policies.eta import HoldTimeModel, predict_waits
 
 SHEDDABLE = Priority.SHEDDABLE.rank
 
@@ -113,6 +114,8 @@ class SlotPool(Protocol):
 
     def next_change(self) -> asyncio.Future[None]: ...  # resolved when active/queued change
 
+    def next_move(self) -> asyncio.Future[None]: ...  # resolved when places in line may move
+
     def watch(self, callback: Callable[[Any], None]) -> Callable[[], None]: ...
 
     async def try_acquire(self) -> Lease | None: ...  # a free slot now, or None
@@ -156,7 +159,7 @@ class LocalLease:
 
 
 class LocalTicket:
-    __slots__ = ("_claimed", "_future", "_pool", "enqueued_at", "rank")
+    __slots__ = ("_claimed", "_future", "_pool", "enqueued_at", "rank", "seq")
 
     def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease],
                  rank: int) -> None:
@@ -164,6 +167,7 @@ class LocalTicket:
         self._future = future
         self._claimed = False
         self.rank = rank
+        self.seq = 0  # its place in its class's line (set by _Line.append)
         self.enqueued_at = pool.clock()
 
     @property
@@ -207,6 +211,56 @@ class LocalTicket:
         return None
 
 
+class _Line:
+    """One class's FIFO line. A ticket's place is found in O(log n), not by a walk: it is
+    its sequence number less the head's, less the tickets that left from the middle."""
+
+    __slots__ = ("_gaps", "_next", "tickets")
+
+    def __init__(self) -> None:
+        self.tickets: OrderedDict[LocalTicket, None] = OrderedDict()
+        self._next = 0
+        self._gaps: list[int] = []  # sequence numbers of tickets gone from behind the head
+
+    def __len__(self) -> int:
+        return len(self.tickets)
+
+    def append(self, ticket: LocalTicket) -> None:
+        ticket.seq, self._next = self._next, self._next + 1
+        self.tickets[ticket] = None
+
+    def pop_head(self) -> LocalTicket:
+        ticket, _ = self.tickets.popitem(last=False)
+        if self._gaps and self.tickets:  # forget gaps the head has passed
+            del self._gaps[:bisect_left(self._gaps, next(iter(self.tickets)).seq)]
+        elif not self.tickets:
+            self._gaps.clear()
+        return ticket
+
+    def pop_tail(self) -> LocalTicket:
+        ticket = next(reversed(self.tickets))
+        self.remove(ticket)
+        return ticket
+
+    def remove(self, ticket: LocalTicket) -> bool:
+        if ticket not in self.tickets:
+            return False
+        if next(iter(self.tickets)) is ticket:
+            self.pop_head()
+        else:
+            del self.tickets[ticket]
+            insort(self._gaps, ticket.seq)
+        return True
+
+    def position(self, ticket: LocalTicket) -> int:
+        """1 for the head; 0 when not in this line."""
+        if ticket not in self.tickets:
+            return 0
+        head = next(iter(self.tickets)).seq
+        gone = bisect_left(self._gaps, ticket.seq) - bisect_left(self._gaps, head)
+        return ticket.seq - head - gone + 1
+
+
 class LocalSlotPool:
     """`capacity` slots and a FIFO queue of at most `queue_limit` tickets."""
 
@@ -226,11 +280,11 @@ class LocalSlotPool:
         self.active = 0
         self.shed = 0  # waiters displaced so far
         # One FIFO line per priority class, served in class order.
-        self._lines: tuple[OrderedDict[LocalTicket, None], ...] = tuple(
-            OrderedDict() for _ in Priority)
+        self._lines: tuple[_Line, ...] = tuple(_Line() for _ in Priority)
         self._watchers: list[Callable[[LocalSlotPool], None]] = []
         self._leases: dict[LocalLease, float] = {}  # held now -> granted at
         self._change: asyncio.Future[None] | None = None
+        self._move: asyncio.Future[None] | None = None
         # Every waiter re-reads its ETA after each change: one forecast per position serves
         # them all until the next change (or FORECAST_TTL_S, as the running leases age).
         self._forecasts: dict[int, float] = {}
@@ -258,10 +312,12 @@ class LocalSlotPool:
             self._forecasts.clear()
             self._forecast_at = now
         cached = self._forecasts.get(position)
-        if cached is None:
+        if cached is None:  # one solve for every place in line: each waiter asks for its own
             ages = [now - granted for granted in self._leases.values()]
-            cached = predict_wait(self.estimator, ages, self.capacity, position)
-            self._forecasts[position] = cached
+            waits = predict_waits(self.estimator, ages, self.capacity,
+                                  max(position, self.queued))
+            self._forecasts.update(enumerate(waits, 1))
+            cached = waits[position - 1]
         return cached
 
     def next_change(self) -> asyncio.Future[None]:
@@ -269,6 +325,13 @@ class LocalSlotPool:
         if self._change is None or self._change.done():
             self._change = asyncio.get_running_loop().create_future()
         return self._change
+
+    def next_move(self) -> asyncio.Future[None]:
+        """Resolved when a waiter's place may have changed: someone ahead left or was
+        served, or a newcomer of a higher class lined up (not at an arrival at the back)."""
+        if self._move is None or self._move.done():
+            self._move = asyncio.get_running_loop().create_future()
+        return self._move
 
     def watch(self, callback: Callable[[LocalSlotPool], None]) -> Callable[[], None]:
         """Call `callback(pool)` after every change of active or queued; returns an unwatch."""
@@ -306,32 +369,29 @@ class LocalSlotPool:
             victims = self._lines[SHEDDABLE]
             if rank >= SHEDDABLE or not victims:
                 return None
-            victim, _ = victims.popitem(last=True)  # the newest of the lowest class
+            victim = victims.pop_tail()  # the newest of the lowest class
             if not victim._future.done():
                 victim._future.set_exception(QueueShed())
             self.shed += 1
         ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank)
-        self._lines[rank][ticket] = None
+        self._lines[rank].append(ticket)
+        # Places move only if it lined up ahead of someone (a lower class waits).
+        ahead = any(self._lines[lower] for lower in range(rank + 1, len(self._lines)))
         if self.active < self.capacity:  # a free slot and an empty line: no release will come
             self.active += 1
             self._grant_next(self.clock())
-        self._changed()
+            ahead = True
+        self._changed(moved=ahead)
         return ticket
 
     def _position(self, ticket: LocalTicket) -> int:
-        line = self._lines[ticket.rank]
-        if ticket not in line:
+        within = self._lines[ticket.rank].position(ticket)
+        if within == 0:
             return 0
-        ahead = sum(len(self._lines[rank]) for rank in range(ticket.rank))
-        for i, waiter in enumerate(line, ahead + 1):
-            if waiter is ticket:
-                return i
-        return 0
+        return within + sum(len(self._lines[rank]) for rank in range(ticket.rank))
 
     def _leave(self, ticket: LocalTicket) -> None:
-        line = self._lines[ticket.rank]
-        if ticket in line:
-            del line[ticket]
+        if self._lines[ticket.rank].remove(ticket):
             self._changed()
 
     def _release(self, lease: LocalLease) -> None:
@@ -345,7 +405,7 @@ class LocalSlotPool:
         """Hand one slot (counted in `active`) to the first live waiter, else free it."""
         for line in self._lines:
             while line:
-                ticket, _ = line.popitem(last=False)
+                ticket = line.pop_head()
                 if not ticket._future.done():  # skip tickets cancelled but not yet gone
                     handed = LocalLease(self, now)
                     self._leases[handed] = now
@@ -353,9 +413,11 @@ class LocalSlotPool:
                     return
         self.active -= 1
 
-    def _changed(self) -> None:
+    def _changed(self, moved: bool = True) -> None:
         self._forecasts.clear()
         if self._change is not None and not self._change.done():
             self._change.set_result(None)
+        if moved and self._move is not None and not self._move.done():
+            self._move.set_result(None)
         for callback in self._watchers:
             callback(self)

@@ -407,7 +407,8 @@ class Exchange:
         """Tell a waiting stream where it stands: at once, whenever its position changes or
         its ETA moves by more than a fifth (and 1 s), and at least every heartbeat.
 
-        Driven by the pool's change signal (one future shared by all waiters): no polling.
+        Driven by the pool's move signal (one future shared by all waiters, resolved only
+        when places may have moved, not at each arrival behind): no polling.
         """
         assert self.response is not None
         events = self.wants_events(parsed)
@@ -423,7 +424,7 @@ class Exchange:
                         or abs(eta - sent_eta) > max(1.0, 0.2 * sent_eta)):
                     await self.response.write(queue_frame(position, eta, pool.name, events))
                     sent_position, sent_eta, sent_at = position, eta, now
-                change = pool.next_change()
+                change = pool.next_move()  # not at every arrival behind it
                 await asyncio.wait({change}, timeout=max(0.0, sent_at + every - now))
         except ConnectionResetError:
             return  # the client left; its handler is being cancelled

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import pytest
 
 from policies.breaker import CircuitBreaker
+from policies.config import Priority
 from policies.eta import HoldTimeEstimator
 from policies.redis_slots import RedisCoordinator, RedisSlotPool
-from policies.config import Priority
 from policies.slots import Lease, LocalSlotPool, QueueShed, QueueTimeout, SlotPool, Ticket
 from tests.conftest import RedisServer
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from policies.config import Priority
 from policies.eta import HoldTimeEstimator
-from policies.slots import LocalLease, LocalSlotPool, QueueTimeout
+from policies.slots import LocalLease, LocalSlotPool, LocalTicket, QueueTimeout
 
 
 def make_pool(capacity: int = 1, queue_limit: int = 10) -> LocalSlotPool:
@@ -188,3 +191,60 @@ async def test_forecast_uses_running_ages_and_is_shared_until_a_change() -> None
     assert ticket is not None and ticket.eta_s() == pool.forecast(1)
     await ticket.withdraw()
     await running.release()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["join", "serve", "leave"]),
+                          st.integers(0, 2), st.integers(0, 50)), max_size=60))
+async def test_positions_match_a_walk_of_the_lines(ops: list[tuple[str, int, int]]) -> None:
+    """Places computed from sequence numbers and gaps equal the places counted one by one,
+    whatever mix of arrivals, hand-offs, withdrawals and sheddings came before."""
+    pool = make_pool(capacity=1, queue_limit=6)
+    held = pool.acquire_nowait()
+    assert held is not None
+    line: list[LocalTicket] = []  # the reference: by class, then by arrival
+    for op, rank, pick in ops:
+        if op == "join":
+            full = len(line) == pool.queue_limit
+            ticket = pool.enqueue_nowait(list(Priority)[rank])
+            if ticket is None:
+                continue
+            if full:  # it took the place of the newest sheddable waiter
+                line.remove(max((t for t in line if t.rank == 2), key=lambda t: t.seq))
+            at = sum(t.rank <= rank for t in line)
+            line.insert(at, ticket)
+        elif op == "serve" and line:
+            await held.release()
+            line.pop(0)
+            held = await line_head_lease(pool)
+        elif op == "leave" and line:
+            gone = line.pop(pick % len(line))
+            await gone.withdraw()
+        assert [t.position for t in line] == list(range(1, len(line) + 1))
+    for ticket in line:
+        await ticket.withdraw()
+    await held.release()
+
+
+async def line_head_lease(pool: LocalSlotPool) -> LocalLease:
+    """The lease a release just handed to the head of the line (a future already set)."""
+    for ticket in list(pool._leases):
+        return ticket
+    raise AssertionError("nothing was handed over")
+
+
+async def test_an_arrival_at_the_back_moves_nobody() -> None:
+    pool = make_pool(capacity=1)
+    held = pool.acquire_nowait()
+    assert held is not None
+    first = pool.enqueue_nowait(Priority.STANDARD)
+    moved = pool.next_move()
+    pool.enqueue_nowait(Priority.STANDARD)  # behind: no waiter need look again
+    pool.enqueue_nowait(Priority.SHEDDABLE)
+    assert not moved.done()
+    ahead = pool.enqueue_nowait(Priority.CRITICAL)  # ahead of the sheddable one
+    assert moved.done() and ahead is not None and ahead.position == 1
+    assert first is not None and first.position == 2
+    moved = pool.next_move()
+    await held.release()  # the head is served: everyone moves up
+    assert moved.done() and first.position == 1
