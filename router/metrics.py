@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -34,10 +34,11 @@ UPSTREAM_ERROR_KIND = {
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
-        # The five names of the original design, kept exactly.
-        self.active = Gauge("llm_active_slots_gauge", "Slots held now", ["backend"], registry=r)
-        self.queued = Gauge("llm_queue_depth_gauge", "Requests waiting now", ["backend"],
-                            registry=r)
+        # The five names of the original design, kept exactly. Slots held, queue depth
+        # and capacity are read from the pools at scrape time (_PoolCollector), not set
+        # at every change: a gauge update per acquire and release is hot-path work.
+        self._pools: dict[str, SlotPool] = {}
+        r.register(_PoolCollector(self._pools))
         self.queue_wait = Histogram("llm_queue_wait_time_seconds", "Time spent in a queue",
                                     ["backend"], buckets=BUCKETS, registry=r)
         self.holding = Histogram("llm_slot_holding_time_seconds", "Time a slot was held",
@@ -45,8 +46,6 @@ class Metrics:
         self.rejections = Counter("llm_rejection", "Requests refused by the gateway",
                                   ["backend", "reason"], registry=r)
         # The rest, in Prometheus naming.
-        self.capacity = Gauge("slotgate_slot_capacity", "Slots configured", ["backend"],
-                              registry=r)
         self.requests = Counter("slotgate_requests", "Requests answered",
                                 ["route", "backend", "status_class"], registry=r)
         self.fallbacks = Counter("slotgate_fallbacks", "Requests sent to a fallback",
@@ -90,17 +89,9 @@ class Metrics:
         self.registry.register(_LedgerCollector(ledger))
 
     def watch(self, pool: SlotPool) -> None:
-        self.capacity.labels(pool.name).set(pool.capacity)
-        active, queued = self.active.labels(pool.name), self.queued.labels(pool.name)
+        self._pools[pool.name] = pool
         self.queue_wait.labels(pool.name)  # export zeros before the first request
         self.holding.labels(pool.name)
-
-        def update(p: SlotPool) -> None:
-            active.set(p.active)
-            queued.set(p.queued)
-
-        update(pool)
-        pool.watch(update)
 
     def record(self, rec: RequestRecord, primary: str | None) -> None:
         """Everything a finished request tells, from its record."""
@@ -134,6 +125,27 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PoolCollector(Collector):
+    """Each pool's slots held, queue depth and capacity, as they are when scraped."""
+
+    def __init__(self, pools: dict[str, SlotPool]) -> None:
+        self.pools = pools
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = (
+            (GaugeMetricFamily("llm_active_slots_gauge", "Slots held now",
+                               labels=["backend"]), "active"),
+            (GaugeMetricFamily("llm_queue_depth_gauge", "Requests waiting now",
+                               labels=["backend"]), "queued"),
+            (GaugeMetricFamily("slotgate_slot_capacity", "Slots configured",
+                               labels=["backend"]), "capacity"),
+        )
+        for family, attribute in families:
+            for name, pool in self.pools.items():
+                family.add_metric([name], getattr(pool, attribute))
+            yield family
 
 
 class _LedgerCollector(Collector):

@@ -236,11 +236,23 @@ async def _exchange(
                     await _send(response.write(preamble))
             relay.streaming = True
             chunk = first
+            idle_s = cfg.idle_timeout_s
+            # The idle deadline moves at most every `step` (not at every chunk: a timer
+            # re-armed per chunk is a large share of a chunk's cost); it stays within
+            # [idle_s - step, idle_s] of the last chunk.
+            step, moved_at = min(1.0, idle_s / 10), loop.time()
+            deadline.reschedule(moved_at + idle_s)
             while chunk:
                 out_bytes = events.feed(chunk)
                 if out_bytes:
-                    await _send(response.write(out_bytes))
-                deadline.reschedule(loop.time() + cfg.idle_timeout_s)
+                    try:
+                        await response.write(out_bytes)
+                    except ConnectionResetError:
+                        raise ClientGone from None
+                now = loop.time()
+                if now - moved_at >= step:
+                    moved_at = now
+                    deadline.reschedule(now + idle_s)
                 chunk = await up.content.readany()
             tail = events.flush()  # an unterminated last event is passed on as it is
             if tail:
@@ -295,7 +307,8 @@ async def _read_bounded(
             raise ApiError(502, f"Backend answer exceeds {limit} bytes.", "api_error",
                            "upstream_too_large")
         parts.append(chunk)
-        deadline.reschedule(loop.time() + idle_s)
+        if not up.content.is_eof():  # more to wait for (typically the whole answer is in)
+            deadline.reschedule(loop.time() + idle_s)
     return b"".join(parts)
 
 
