@@ -18,8 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-COLOURS = {"direct": "#9e9e9e", "slotgate": "#1f77b4", "litellm": "#d62728",
-           "nginx": "#2ca02c"}
+COLOURS = {"direct": "#9e9e9e", "slotgate": "#1f77b4", "aiohttp": "#9467bd",
+           "litellm": "#d62728", "nginx": "#2ca02c"}
 
 
 def _bars(ax: Any, targets: list[str], cells: dict[str, Any], title: str, unit: str,

@@ -14,7 +14,6 @@ cannot be installed is skipped, with the reason, and the rest of the suite still
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
@@ -30,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from harness import HOST, REPO, free_port, slotgate_command
+from peer_configs import MOCK_MODEL, litellm_yaml, nginx_conf
 
 BENCH = REPO / "bench"
 LITELLM_VENV = BENCH / ".venv-litellm"
@@ -38,7 +38,6 @@ TOOLS_VENV = BENCH / ".venv-tools"
 # here (litellm-proxy, litellm-proxy-extras 0.4.113); 1.108.0 installs as a whole.
 LITELLM_REQUIREMENT = "litellm[proxy]==1.108.0"
 TOOLS_REQUIREMENTS = ("matplotlib==3.11.2", "py-spy==0.4.3")
-MOCK_MODEL = "mock"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _STOP_TIMEOUT_S = 10.0
 _INSTALL_TIMEOUT_S = 900.0
@@ -268,6 +267,16 @@ class Fleet:
         server.auth = f"Bearer {key}"
         return server
 
+    def passthrough(self, mock_url: str) -> Server:
+        """bench/passthrough.py: bare aiohttp + uvloop, the floor of an aiohttp gateway."""
+        port = free_port()
+        server = self.start("aiohttp", [sys.executable, str(BENCH / "passthrough.py"),
+                                        "--upstream", mock_url, "--host", HOST,
+                                        "--port", str(port)],
+                            f"http://{HOST}:{port}", "/health")
+        server.chat_url = server.url + "/v1/chat/completions"
+        return server
+
     def litellm(self, mock_url: str, key: str) -> Server:
         port = free_port()
         config = self.dir / "litellm.yaml"
@@ -296,87 +305,6 @@ class Fleet:
         server = self.start("nginx", argv, f"http://{HOST}:{port}", "/health")
         server.chat_url = server.url + "/v1/chat/completions"
         return server
-
-
-def key_sha256(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def slotgate_yaml(port: int, backends: Mapping[str, str], *, ledger: Path,
-                  key: str, extra_backends: str = "", extra_routes: str = "",
-                  coordination: str = "") -> str:
-    """The production-like config: auth (one key), access log, ledger (SQLite), metrics
-    (always on), and a route whose simple requests may go to a second backend while the
-    primary is saturated (`fallback.when: saturated`: the classifier is loaded and runs
-    for every request that would wait). Slots are not the limit (1024)."""
-    primary, small = backends["primary"], backends["small"]
-    price = "price: {input_per_mtok: 1.0, output_per_mtok: 2.0}"
-    return f"""server: {{host: {HOST}, port: {port}, shutdown_timeout_s: 2}}
-logging: {{access: true}}
-auth:
-  enabled: true
-  keys:
-    - {{id: bench, sha256: {key_sha256(key)}, tenant: bench}}
-ledger: {{path: "{ledger}"}}
-{coordination}backends:
-  mock: {{url: "{primary}/v1", model: {MOCK_MODEL}, slots: 1024, queue_limit: 1024, {price}}}
-  mock-small: {{url: "{small}/v1", model: {MOCK_MODEL}, slots: 1024, queue_limit: 1024,
-               {price}}}
-{extra_backends}routes:
-  mock:
-    primary: mock
-    fallbacks: [mock-small]
-    overflow: fallback
-    fallback: {{when: saturated, min_confidence: 0.8}}
-{extra_routes}"""
-
-
-def litellm_yaml(mock_url: str, key: str) -> str:
-    return f"""model_list:
-  - model_name: {MOCK_MODEL}
-    litellm_params:
-      model: openai/{MOCK_MODEL}
-      api_base: {mock_url}/v1
-      api_key: sk-mock-unused
-general_settings:
-  master_key: {key}
-litellm_settings:
-  telemetry: false
-"""
-
-
-def nginx_conf(port: int, mock_url: str, root: Path) -> str:
-    upstream = mock_url.removeprefix("http://")
-    return f"""daemon off;
-master_process on;
-worker_processes 1;
-pid {root}/nginx.pid;
-error_log {root}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log {root}/access.log combined buffer=64k flush=1s;
-    client_body_temp_path {root}/client_body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
-    upstream mock {{
-        server {upstream};
-        keepalive 128;
-    }}
-    server {{
-        listen {HOST}:{port} reuseport backlog=4096;
-        keepalive_requests 100000;
-        location / {{
-            proxy_pass http://mock;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_read_timeout 120s;
-        }}
-    }}
-}}
-"""
 
 
 # ---------------------------------------------------------------- installing

@@ -19,7 +19,8 @@ import orjson
 from harness import HOST, free_port
 from load import Target as TaggedTarget
 from load import handoff_gaps, tagged_requests
-from peers import BENCH, MOCK_MODEL, Server, slotgate_yaml
+from peer_configs import MOCK_MODEL, slotgate_yaml
+from peers import BENCH, Server
 from suite_load import LoadError, park_streams, run_wrk, summarise
 from suite_phases import LOAD_CPU, SHORT_TOKENS, SLOTGATE_KEY, WORK, Suite, chat_body
 from suite_profile import parse as parse_profile

@@ -135,6 +135,9 @@ def target_checks(result: Result, fig: Result) -> list[tuple[str, str, str, bool
     check("added latency c=1 p50 (ms)", med("+ added latency c=1, p50"), "<=", 0.5, "{:.2f}")
     check("added latency c=1 p99 (ms)", med("+ added latency c=1, p99"), "<=", 2.0, "{:.2f}")
     check("requests/s at c=64, one process", med("requests/s c=64 (wrk)"), ">=", 4000, "{:,.0f}")
+    floor = fig["ratios"].get("requests/s c=64", {}).get("slotgate / aiohttp")
+    check("requests/s vs bare aiohttp pass-through (ratio)",
+          floor["median"] if floor else None, ">=", 0.5, "x{:.2f}")
     chunks = fig["ratios"]["stream chunks/s c=16"].get("slotgate / nginx")
     per_chunk = fig["ratios"]["CPU per chunk"].get("slotgate / nginx")
     check("stream chunks/s vs nginx (ratio)", chunks["median"] if chunks else None, ">=", 1.0,

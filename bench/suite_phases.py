@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 from harness import free_port
-from peers import BENCH, MOCK_MODEL, Fleet, Server, Tools, slotgate_yaml
+from peer_configs import MOCK_MODEL, slotgate_yaml
+from peers import BENCH, Fleet, Server, Tools
 from suite_load import LoadError, closed_loop_rps, latency_c1, run_wrk, streams, summarise
 
 Result = dict[str, Any]
@@ -104,6 +105,7 @@ class Suite:
                                ledger=fleet.dir / "ledger.sqlite3", key=SLOTGATE_KEY)
         self.targets.append(Target("slotgate", fleet.slotgate("slotgate", config, port,
                                                               SLOTGATE_KEY)))
+        self.targets.append(Target("aiohttp", fleet.passthrough(mock.url)))
         if self.tools.litellm:
             try:
                 self.targets.append(Target("litellm", fleet.litellm(mock.url, LITELLM_KEY)))

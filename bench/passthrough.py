@@ -1,0 +1,77 @@
+"""The floor for any aiohttp gateway: a bare aiohttp + uvloop pass-through, nothing else.
+
+    .venv/bin/python bench/passthrough.py --upstream http://127.0.0.1:9000 --port 9001
+
+Every POST /v1/chat/completions goes to the upstream on one keep-alive ClientSession;
+a non-streaming answer is read whole and returned, a stream is relayed chunk by chunk.
+No parsing, auth, pools, metrics or logs: the gap between this and slotgate in the same
+run is what slotgate's own work costs. GET /health answers for the suite's start probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("upstream", str)
+
+
+async def relay(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    session, url = request.app[SESSION], request.app[UPSTREAM] + request.path
+    async with session.post(url, data=body,
+                            headers={"Content-Type": "application/json"}) as up:
+        if up.content_type != "text/event-stream":
+            return web.Response(body=await up.read(), status=up.status,
+                                content_type=up.content_type)
+        out = web.StreamResponse(status=up.status,
+                                 headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        async for chunk in up.content.iter_any():
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+
+
+async def health(_: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def serve(upstream: str, host: str, port: int) -> None:
+    app = web.Application()
+    app[UPSTREAM] = upstream.rstrip("/")
+    app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         auto_decompress=False)
+    app.router.add_post("/v1/chat/completions", relay)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, backlog=1024).start()
+    print(f"passthrough listening on http://{host}:{port}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await app[SESSION].close()
+        await runner.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args.upstream, args.host, args.port))
+    else:
+        uvloop.run(serve(args.upstream, args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()
