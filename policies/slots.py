@@ -292,7 +292,8 @@ class LocalSlotPool:
 
     @property
     def queued(self) -> int:
-        return sum(map(len, self._lines))
+        critical, standard, sheddable = self._lines  # on every admission: no generator
+        return len(critical.tickets) + len(standard.tickets) + len(sheddable.tickets)
 
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(

@@ -32,7 +32,7 @@ async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
         timeout=aiohttp.ClientTimeout(total=None),  # each request sets its own (Upstream)
         auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
+        skip_auto_headers=("User-Agent", "Accept"),  # ours are set per request
     )
     gw.upstreams[name] = Upstream(name, backend, base_url, session)
     gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)

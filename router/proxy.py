@@ -104,7 +104,8 @@ class Relay:
 def forward_headers(
     headers: CIMultiDictProxy[str], upstream: Upstream, request_id: str
 ) -> CIMultiDict[str]:
-    drop = _NOT_FORWARDED | _connection_listed(headers)
+    listed = _connection_listed(headers)
+    drop = _NOT_FORWARDED | listed if listed else _NOT_FORWARDED
     out: CIMultiDict[str] = CIMultiDict(
         (k, v) for k, v in headers.items() if k.lower() not in drop
     )
@@ -121,7 +122,8 @@ def returned_headers(headers: CIMultiDictProxy[str], secret: str | None = None
                      ) -> dict[str, str]:
     """The backend's headers a client may see: no hop-by-hop ones, none about the
     gateway's own credentials, and none that carry the backend key (an echoing engine)."""
-    drop = _NOT_RETURNED | _connection_listed(headers)
+    listed = _connection_listed(headers)
+    drop = _NOT_RETURNED | listed if listed else _NOT_RETURNED
     return {k: v for k, v in headers.items()
             if k.lower() not in drop and not (secret and secret in v)}
 
@@ -135,9 +137,11 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-def _connection_listed(headers: CIMultiDictProxy[str]) -> set[str]:
+def _connection_listed(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+    if "Connection" not in headers:  # the usual case: nothing more to drop
+        return frozenset()
     listed = headers.getall("Connection", ())
-    return {name.strip().lower() for value in listed for name in value.split(",")}
+    return frozenset(name.strip().lower() for value in listed for name in value.split(","))
 
 
 async def forward(
