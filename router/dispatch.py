@@ -12,7 +12,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -37,9 +37,10 @@ from router.openai_api import (
     upstream_body,
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, forward
+from router.queue_report import report_queue
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.rejections import rejection
-from router.sse import Usage, queue_frame, start_frame
+from router.sse import Usage, start_frame
 from router.usage import count_tokens
 
 log = logging.getLogger("slotgate.access")
@@ -325,7 +326,10 @@ class Exchange:
                 except BaseException:
                     await ticket.withdraw()
                     raise
-            heartbeat = asyncio.create_task(self.report_queue(ticket, pool, parsed))
+            assert self.response is not None
+            heartbeat = asyncio.create_task(report_queue(
+                self.response, ticket, pool, self.wants_events(parsed),
+                self.config.server.queue_heartbeat_s))
         timeout = self.config.backends[pool.name].queue_timeout_s
         try:
             if movable is None:
@@ -350,23 +354,39 @@ class Exchange:
     async def unless_draining(self, waiting: Awaitable[Lease], pool: str) -> Lease:
         """A slot from `waiting`, unless the gateway starts draining first (the request
         leaves the line, passing on any slot it got, and is answered 503) or the pool's
-        backend fails meanwhile (it leaves the line: `BackendOpened`)."""
-        task = asyncio.ensure_future(waiting)
-        opened = self.gw.health.opened(pool)
-        either: set[asyncio.Future[Any]] = {task, self.gw.drain_signal(), opened}
+        backend fails meanwhile (it leaves the line: `BackendOpened`).
+
+        Either signal cancels this handler's own wait, as a client leaving does (no task
+        or `asyncio.wait` per waiter: thousands may queue); the wait then withdraws."""
+        task = self.request.task
+        # Empty while waiting; then "done", or what cut the wait short. A signal whose
+        # callback was already scheduled when the wait ended must not cancel what follows.
+        why: list[str] = []
+        drain, opened = self.gw.drain_signal(), self.gw.health.opened(pool)
+
+        def interrupt(reason: str) -> Callable[[asyncio.Future[None]], None]:
+            def cancel(_: asyncio.Future[None]) -> None:
+                if not why:
+                    why.append(reason)
+                    task.cancel()
+            return cancel
+
+        on_drain, on_open = interrupt("draining"), interrupt("opened")
+        drain.add_done_callback(on_drain)
+        opened.add_done_callback(on_open)
         try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the client left: even a slot granted this instant goes back
-            await abandon(task)
-            raise
-        if opened.done():  # even with a slot granted at the same instant (then freed)
-            await abandon(task)
+            return await waiting
+        except asyncio.CancelledError:
+            if not why or task.uncancel() > 0:  # not ours, or the client left as well
+                raise
+        finally:
+            if not why:
+                why.append("done")
+            drain.remove_done_callback(on_drain)
+            opened.remove_done_callback(on_open)
+        if why[0] == "opened":  # even with a slot granted at the same instant (passed on)
             raise BackendOpened(pool)
-        if not task.done():
-            await abandon(task)
-            raise self.rejection(RejectReason.DRAINING,
-                                 self.config.server.retry_after_min_s, pool)
-        return task.result()
+        raise self.rejection(RejectReason.DRAINING, self.config.server.retry_after_min_s, pool)
 
     async def wait_or_move(self, ticket: Ticket, limit_s: float, offers: MoveOffers) -> Lease:
         """Wait for the primary, or leave its queue the moment a fallback slot frees."""
@@ -402,32 +422,6 @@ class Exchange:
     def wants_events(self, parsed: ParsedRequest) -> bool:
         header = self.request.headers.get("X-Slotgate-Queue-Events", "")
         return parsed.queue_events or header.lower() in ("true", "1", "yes")
-
-    async def report_queue(self, ticket: Ticket, pool: SlotPool, parsed: ParsedRequest) -> None:
-        """Tell a waiting stream where it stands: at once, whenever its position changes or
-        its ETA moves by more than a fifth (and 1 s), and at least every heartbeat.
-
-        Driven by the pool's move signal (one future shared by all waiters, resolved only
-        when places may have moved, not at each arrival behind): no polling.
-        """
-        assert self.response is not None
-        events = self.wants_events(parsed)
-        every = self.config.server.queue_heartbeat_s
-        sent_position, sent_eta, sent_at = 0, 0.0, 0.0
-        try:
-            while True:
-                position, now = ticket.position, time.perf_counter()
-                if position == 0:
-                    return  # granted (or gone): the waiter says so itself
-                eta = ticket.eta_s()
-                if (position != sent_position or now - sent_at >= every
-                        or abs(eta - sent_eta) > max(1.0, 0.2 * sent_eta)):
-                    await self.response.write(queue_frame(position, eta, pool.name, events))
-                    sent_position, sent_eta, sent_at = position, eta, now
-                change = pool.next_move()  # not at every arrival behind it
-                await asyncio.wait({change}, timeout=max(0.0, sent_at + every - now))
-        except ConnectionResetError:
-            return  # the client left; its handler is being cancelled
 
     async def forward(self, parsed: ParsedRequest, backend: str) -> web.StreamResponse:
         gw, rec = self.gw, self.rec
@@ -488,7 +482,7 @@ class Exchange:
         err.headers.update(self.headers())
         if self.response is None:
             return err.response()
-        with contextlib.suppress(ClientGone):  # a stream already said 200: tell it in-band
+        with contextlib.suppress(ClientGone, ConnectionResetError):  # 200 sent: say it in-band
             await self._send(err.sse_event())
             await self.response.write_eof()
         return self.response
