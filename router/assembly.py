@@ -32,6 +32,9 @@ async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
         timeout=aiohttp.ClientTimeout(total=None),  # each request sets its own (Upstream)
         auto_decompress=False,
+        # No cookie jar: a backend's Set-Cookie must never be replayed on another
+        # client's request (and filtering a jar per request costs CPU for nothing).
+        cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent", "Accept"),  # ours are set per request
     )
     gw.upstreams[name] = Upstream(name, backend, base_url, session)

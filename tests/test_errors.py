@@ -425,3 +425,27 @@ async def test_a_backend_refusing_the_gateways_key_is_502_not_the_clients_401(
         await assert_idle(gw)
     finally:
         await runner.cleanup()
+
+
+async def test_a_backend_cookie_is_neither_returned_nor_replayed(start: StartGateway) -> None:
+    backend = CaptureBackend()
+
+    @web.middleware
+    async def set_cookie(request: web.Request, handler: Any) -> web.StreamResponse:
+        response = await handler(request)
+        response.set_cookie("session", f"for-{request.headers.get('X-Request-Id')}")
+        return response
+
+    backend.app.middlewares.append(set_cookie)
+    runner, url = await serve_app(backend.app)
+    try:
+        by_name = url.replace("127.0.0.1", "localhost")  # a jar keeps no cookie of an IP
+        gw = await start(gateway_config({"url": by_name + "/v1", "model": "m", "slots": 1}))
+        for client in ("alice", "bob"):
+            reply = await sdk(gw).chat.completions.with_raw_response.create(
+                model="chat", messages=CHAT["messages"], extra_headers={"X-Request-Id": client})
+            assert "set-cookie" not in reply.headers
+        assert [h.get("Cookie") for h, _ in backend.seen] == [None, None]  # alice's not sent
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
