@@ -225,7 +225,8 @@ async def _exchange(
                 relay.first_byte_at = time.perf_counter()
                 _usage_from_body(raw, relay.usage)
                 done = True
-                headers_out = returned_headers(up.headers, upstream.secret())
+                # Case-insensitive: the gateway's x-request-id replaces an engine's own.
+                headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
                 headers_out.update(extra_headers)
                 headers_out["Content-Type"] = "application/json"
                 return web.Response(body=raw, status=200, headers=headers_out)
