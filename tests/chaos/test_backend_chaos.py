@@ -155,8 +155,8 @@ async def test_a_failing_primary_never_holds_clients_past_their_deadline(
         for mode in (FaultMode.DROP, FaultMode.HANG, FaultMode.ERROR_500):
             served_small = completed(small)
             big.inject_fault(mode, FAULTS)
-            await watch.reach(BreakerState.OPEN, within)
-            assert health.is_open("big"), mode
+            await watch.reach(BreakerState.OPEN, within)  # (it may have closed again by
+            # the time this task runs: the health checks probe after breaker_open_s)
             # the fallback takes the load while the primary is out
             await small.wait_until(at_least(served_small + 20, completed), within)
             # every injected fault was met, the health checks put the primary back ...
