@@ -452,15 +452,11 @@ async def test_a_ticket_in_an_empty_line_gets_a_free_slot(pool_factory: PoolFact
     await idle(pool_factory, pool)
 
 
-async def test_higher_classes_are_served_first_fifo_within_one(
-    pool_factory: PoolFactory,
-) -> None:
+async def test_higher_classes_are_served_first_fifo_within_one(pool_factory: PoolFactory) -> None:
     a, b = await pool_factory(capacity=1, queue_limit=6, replicas=2)
     lease = await acquired(a)
-    s1 = await enqueued(a)
-    x1 = await enqueued(b, Priority.SHEDDABLE)
-    c1 = await enqueued(b, Priority.CRITICAL)
-    s2 = await enqueued(a)
+    s1, x1 = await enqueued(a), await enqueued(b, Priority.SHEDDABLE)
+    c1, s2 = await enqueued(b, Priority.CRITICAL), await enqueued(a)
     c2 = await enqueued(a, Priority.CRITICAL)
     order = [c1, c2, s1, s2, x1]
     await until(lambda: [t.position for t in order] == [1, 2, 3, 4, 5], a, b,
