@@ -36,7 +36,7 @@ from router.openai_api import (
     read_body,
     upstream_body,
 )
-from router.proxy import SSE_HEADERS, ClientGone, Relay, forward
+from router.proxy import SSE_HEADERS, ClientGone, Relay, drain_if_abandoned, forward
 from router.queue_report import report_queue
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.rejections import rejection
@@ -435,14 +435,14 @@ class Exchange:
             preamble = start  # said right after the headers, before the first chunk
         relay = Relay(Usage())
         try:
-            response = await forward(
+            response = await drain_if_abandoned(upstream, parsed.stream, forward(
                 self.request, upstream, parsed.endpoint, body, parsed.stream,
                 strip_usage=parsed.stream and not parsed.wants_usage,
                 request_id=rec.request_id, response=self.response,
                 extra_headers=self.headers(),
                 max_response_bytes=self.config.server.max_response_bytes, relay=relay,
                 preamble=preamble,
-            )
+            ))
             rec.phase = Phase.DONE
             return response
         finally:

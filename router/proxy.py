@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -144,32 +145,15 @@ def _connection_listed(headers: CIMultiDictProxy[str]) -> frozenset[str]:
     return frozenset(name.strip().lower() for value in listed for name in value.split(","))
 
 
-async def forward(
-    request: web.Request,
-    upstream: Upstream,
-    endpoint: Endpoint,
-    body: bytes,
-    stream: bool,
-    strip_usage: bool,
-    request_id: str,
-    response: web.StreamResponse | None,
-    extra_headers: dict[str, str],
-    max_response_bytes: int,
-    relay: Relay,
-    preamble: bytes = b"",
-) -> web.StreamResponse:
-    """Send `body` upstream and answer the client.
-
-    `response` is an already prepared SSE response (a stream that had to queue) or None.
-    `relay` is filled in as the exchange goes. Raises ApiError for upstream failures
-    (the caller answers them, in-band once a stream has begun) and ClientGone.
-    """
-    exchange = _exchange(request, upstream, endpoint, body, stream, strip_usage, request_id,
-                         response, extra_headers, max_response_bytes, relay, preamble)
+async def drain_if_abandoned(upstream: Upstream, stream: bool,
+                             exchange: Coroutine[Any, Any, web.StreamResponse]
+                             ) -> web.StreamResponse:
+    """Run `exchange` (a `forward`). For a non-streaming request to a backend with
+    `on_disconnect: drain`, it runs on its own, so that the client leaving (this task
+    cancelled) does not close the upstream connection: the caller holds the slot until
+    the engine's answer has been read to its end."""
     if stream or upstream.config.on_disconnect != "drain":
         return await exchange
-    # The exchange runs on its own so that the client leaving (this task cancelled) does
-    # not close the upstream connection; the caller holds the slot until this returns.
     work = asyncio.ensure_future(exchange)
     try:
         return await asyncio.shield(work)
@@ -193,7 +177,7 @@ async def _drain(upstream: Upstream, work: asyncio.Future[web.StreamResponse]) -
         work.exception()  # an upstream failure nobody can be told of: retrieved, dropped
 
 
-async def _exchange(
+async def forward(
     request: web.Request,
     upstream: Upstream,
     endpoint: Endpoint,
@@ -205,8 +189,14 @@ async def _exchange(
     extra_headers: dict[str, str],
     max_response_bytes: int,
     relay: Relay,
-    preamble: bytes,
+    preamble: bytes = b"",
 ) -> web.StreamResponse:
+    """Send `body` upstream and answer the client.
+
+    `response` is an already prepared SSE response (a stream that had to queue) or None.
+    `relay` is filled in as the exchange goes. Raises ApiError for upstream failures
+    (the caller answers them, in-band once a stream has begun) and ClientGone.
+    """
     loop = asyncio.get_running_loop()
     cfg = upstream.config
     deadline = asyncio.timeout(cfg.first_byte_timeout_s)
