@@ -278,7 +278,6 @@ class LocalSlotPool:
         self.estimator = estimator
         self.clock = clock
         self.active = 0
-        self.shed = 0  # waiters displaced so far
         # One FIFO line per priority class, served in class order.
         self._lines: tuple[_Line, ...] = tuple(_Line() for _ in Priority)
         self._watchers: list[Callable[[LocalSlotPool], None]] = []
@@ -373,7 +372,6 @@ class LocalSlotPool:
             victim = victims.pop_tail()  # the newest of the lowest class
             if not victim._future.done():
                 victim._future.set_exception(QueueShed())
-            self.shed += 1
         ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank)
         self._lines[rank].append(ticket)
         # Places move only if it lined up ahead of someone (a lower class waits).

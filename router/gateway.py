@@ -55,8 +55,7 @@ class Gateway:
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After
     cutting: bool = False  # the drain timed out: requests still running are being cut
-    running: int = 0  # requests inside the handler now
-    handlers: set[asyncio.Task[object]] = field(default_factory=set)  # their tasks
+    handlers: set[asyncio.Task[object]] = field(default_factory=set)  # requests inside now
     _drain: asyncio.Future[None] | None = None
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -68,14 +67,17 @@ class Gateway:
             self._drain = asyncio.get_running_loop().create_future()
         return self._drain
 
+    @property
+    def running(self) -> int:
+        """Requests inside the handler now."""
+        return len(self.handlers)
+
     def enter(self, task: asyncio.Task[object]) -> None:
-        self.running += 1
         self.handlers.add(task)
 
     def leave(self, task: asyncio.Task[object]) -> None:
-        self.running -= 1
         self.handlers.discard(task)
-        if self.running == 0:
+        if not self.handlers:
             self._idle.set()
 
     async def cut(self, timeout_s: float = 1.0) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from policies.breaker import BreakerState, CircuitBreaker
 from router.simulated import FaultMode, SimEngine
+from tests.chaos.waits import Changes
 from tests.conftest import (
     StartGateway,
     assert_idle,
@@ -61,29 +62,19 @@ class BreakerWatch:
     def __init__(self, breaker: CircuitBreaker) -> None:
         self.breaker = breaker
         self.history: list[BreakerState] = []
-        self._waiters: list[tuple[BreakerState, asyncio.Future[None]]] = []
+        self._changes = Changes()
         inner = breaker.on_change
 
         def changed(state: BreakerState) -> None:
             if inner is not None:
                 inner(state)
             self.history.append(state)
-            for wanted, fut in self._waiters:
-                if wanted is state and not fut.done():
-                    fut.set_result(None)
+            self._changes.changed()
 
         breaker.on_change = changed
 
     async def reach(self, state: BreakerState, within_s: float = 10.0) -> None:
-        if self.breaker.state is state:
-            return
-        waiter = (state, asyncio.get_running_loop().create_future())
-        self._waiters.append(waiter)
-        try:
-            async with asyncio.timeout(within_s):
-                await waiter[1]
-        finally:
-            self._waiters.remove(waiter)
+        await self._changes.wait_until(lambda: self.breaker.state is state, within_s)
 
 
 def completed(sim: SimEngine) -> int:

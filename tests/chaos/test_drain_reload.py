@@ -38,6 +38,7 @@ from router.app import RunningGateway, start_gateway
 from router.config import load_config
 from router.reload import reload_file
 from router.simulated import start_simulator
+from tests.chaos.waits import Changes
 from tests.conftest import assert_idle, sdk, sim_backend
 from tests.test_distributed import GatewayProcess
 
@@ -46,27 +47,8 @@ MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 STREAM_SHARE = 0.75  # of the requests; the rest ask for a whole answer
 
 
-class Tally:
+class Tally(Changes):
     """What the clients saw, and a way to wait (without polling) until it says something."""
-
-    def __init__(self) -> None:
-        self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
-
-    def changed(self) -> None:
-        for predicate, fut in self._waiters:
-            if not fut.done() and predicate():
-                fut.set_result(None)
-
-    async def wait_until(self, predicate: Callable[[], bool], within_s: float) -> None:
-        if predicate():
-            return
-        waiter = (predicate, asyncio.get_running_loop().create_future())
-        self._waiters.append(waiter)
-        try:
-            async with asyncio.timeout(within_s):
-                await waiter[1]
-        finally:
-            self._waiters.remove(waiter)
 
 
 # --- SIGTERM during steady load with long streams -------------------------------------------
