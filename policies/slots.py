@@ -175,20 +175,22 @@ class LocalTicket:
         return self._pool._position(self)
 
     async def wait(self, timeout_s: float) -> LocalLease:
+        # The deadline resolves the ticket's own future (a timer, no timeout context per
+        # waiter): whichever comes first, a slot or the deadline, is the outcome.
+        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
         try:
-            async with asyncio.timeout(timeout_s):
-                lease = await self._future
-        except TimeoutError:
-            granted = self._granted()
-            if granted is None:  # else: granted at the very instant the deadline passed
-                self.withdraw_now()
-                raise QueueTimeout from None
-            lease = granted
+            lease = await self._future
         except BaseException:
-            self.withdraw_now()  # cancelled: the client is gone
+            self.withdraw_now()  # timed out, shed, or cancelled (the client is gone)
             raise
+        finally:
+            timer.cancel()
         self._claimed = True
         return lease
+
+    def _expire(self) -> None:
+        if not self._future.done():
+            self._future.set_exception(QueueTimeout())
 
     async def withdraw(self) -> None:
         self.withdraw_now()
@@ -313,9 +315,10 @@ class LocalSlotPool:
             self._forecast_at = now
         cached = self._forecasts.get(position)
         if cached is None:  # one solve for every place in line: each waiter asks for its own
+            # and for as many places again: newcomers at the back find theirs solved
             ages = [now - granted for granted in self._leases.values()]
             waits = predict_waits(self.estimator, ages, self.capacity,
-                                  max(position, self.queued))
+                                  2 * max(position, self.queued))
             self._forecasts.update(enumerate(waits, 1))
             cached = waits[position - 1]
         return cached
@@ -413,7 +416,8 @@ class LocalSlotPool:
         self.active -= 1
 
     def _changed(self, moved: bool = True) -> None:
-        self._forecasts.clear()
+        if moved:  # an arrival at the back changes no wait ahead of it
+            self._forecasts.clear()
         if self._change is not None and not self._change.done():
             self._change.set_result(None)
         if moved and self._move is not None and not self._move.done():

@@ -8,37 +8,32 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
-
 from policies.config import BackendConfig, FallbackWhen
 from policies.experiments import build_experiments
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
 from router.gateway import Gateway
+from router.openai_api import ApiError
 from router.pools import make_pool
 from router.proxy import Upstream
+from router.queue_report import QueueReporter
 from router.simulated import start_simulator
+from router.upstream_http import HttpPool, UpstreamError
+
+_MODELS_LIMIT = 1024 * 1024  # a health check reads at most this much of /v1/models
 
 
 async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
-    """The engine (or simulator) session, the slot pool and the holding-time model."""
+    """The engine (or simulator) connections, the slot pool and the holding-time model."""
     if backend.simulated is not None:
         sim = await start_simulator(backend.simulated, backend.model)
         gw.simulators[name] = sim
         base_url = sim.url + "/v1"
     else:
         base_url = str(backend.url).rstrip("/")
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=None),  # each request sets its own (Upstream)
-        auto_decompress=False,
-        # No cookie jar: a backend's Set-Cookie must never be replayed on another
-        # client's request (and filtering a jar per request costs CPU for nothing).
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=("User-Agent", "Accept"),  # ours are set per request
-    )
-    gw.upstreams[name] = Upstream(name, backend, base_url, session)
+    gw.upstreams[name] = Upstream(name, backend, base_url, HttpPool())
     gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
+    gw.reporters[name] = QueueReporter(gw.pools[name])
     gw.metrics.watch(gw.pools[name])
     gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
     gw.health.add(name, backend)
@@ -49,11 +44,16 @@ async def health_check(gw: Gateway, name: str) -> bool:
     upstream = gw.upstreams[name]
     limit = upstream.config.connect_timeout_s
     try:
-        async with asyncio.timeout(limit), upstream.session.get(
-                upstream.base_url + "/models", headers=upstream.auth_headers(),
-                allow_redirects=False) as resp:
+        async with asyncio.timeout(limit):
+            resp = await upstream.http.request(
+                "GET", upstream.target("/models"), upstream.auth_headers().items(), b"",
+                connect_timeout_s=limit)
+            try:
+                await resp.read(_MODELS_LIMIT)  # to the end: the connection is kept
+            finally:
+                resp.release()
             return resp.status == 200
-    except (aiohttp.ClientError, OSError, TimeoutError):
+    except (UpstreamError, ApiError, TimeoutError):
         return False
 
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import orjson
@@ -37,11 +37,11 @@ from router.openai_api import (
     upstream_body,
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, drain_if_abandoned, forward
-from router.queue_report import report_queue
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.rejections import rejection
 from router.sse import Usage, start_frame
 from router.usage import count_tokens
+from router.waits import Interrupt, abandon
 
 log = logging.getLogger("slotgate.access")
 _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
@@ -53,24 +53,6 @@ def _may_steer(route: RouteConfig, decision: Decision) -> bool:
     return when is FallbackWhen.ALWAYS or (
         when is FallbackWhen.SATURATED and isinstance(decision, Wait)
     )
-
-
-async def abandon(waiting: asyncio.Future[Lease]) -> None:
-    """Stop waiting for a slot; a wait that already finished holds a lease: release it."""
-    if not waiting.done():
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(waiting)
-    if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
-        await waiting.result().release()
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await handle(request, Endpoint.CHAT)
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await handle(request, Endpoint.COMPLETIONS)
 
 
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -318,18 +300,21 @@ class Exchange:
         rec = self.rec
         rec.phase = Phase.QUEUED
         queued_at = time.perf_counter()
-        heartbeat = None
+        reporter = None
         if parsed.stream:
-            if self.response is None:  # a retry that queues again keeps its one response
-                try:
+            try:
+                if self.response is None:  # a retry that queues again keeps its response
                     await self.open_stream()
-                except BaseException:
-                    await ticket.withdraw()
-                    raise
-            assert self.response is not None
-            heartbeat = asyncio.create_task(report_queue(
-                self.response, ticket, pool, self.wants_events(parsed),
-                self.config.server.queue_heartbeat_s))
+                assert self.response is not None
+                await self.gw.reporters[pool.name].listen(
+                    self.request, self.response, ticket, self.wants_events(parsed),
+                    self.config.server.queue_heartbeat_s)
+            except BaseException as exc:
+                await ticket.withdraw()
+                if isinstance(exc, ConnectionResetError):
+                    raise ClientGone from None
+                raise
+            reporter = self.gw.reporters[pool.name]
         timeout = self.config.backends[pool.name].queue_timeout_s
         try:
             if movable is None:
@@ -343,10 +328,8 @@ class Exchange:
         except QueueShed:
             raise self.rejection(RejectReason.SHED, self.retry_after([pool]), pool.name) from None
         finally:
-            if heartbeat is not None:
-                # Not awaited: a granted request goes upstream at once. Cancelled at an
-                # await, the reporter can no longer write after this point.
-                heartbeat.cancel()
+            if reporter is not None:
+                reporter.leave(ticket)  # from here on, only this handler writes its stream
             rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
             self.gw.metrics.queue_wait.labels(pool.name).observe(rec.queue_wait_ms / 1000)
         return lease
@@ -358,33 +341,20 @@ class Exchange:
 
         Either signal cancels this handler's own wait, as a client leaving does (no task
         or `asyncio.wait` per waiter: thousands may queue); the wait then withdraws."""
-        task = self.request.task
-        # Empty while waiting; then "done", or what cut the wait short. A signal whose
-        # callback was already scheduled when the wait ended must not cancel what follows.
-        why: list[str] = []
+        cut = Interrupt(self.request.task)
         drain, opened = self.gw.drain_signal(), self.gw.health.opened(pool)
-
-        def interrupt(reason: str) -> Callable[[asyncio.Future[None]], None]:
-            def cancel(_: asyncio.Future[None]) -> None:
-                if not why:
-                    why.append(reason)
-                    task.cancel()
-            return cancel
-
-        on_drain, on_open = interrupt("draining"), interrupt("opened")
-        drain.add_done_callback(on_drain)
-        opened.add_done_callback(on_open)
+        drain.add_done_callback(cut.draining)
+        opened.add_done_callback(cut.opened)
         try:
             return await waiting
         except asyncio.CancelledError:
-            if not why or task.uncancel() > 0:  # not ours, or the client left as well
+            if not cut.why or cut.task.uncancel() > 0:  # not ours, or the client left as well
                 raise
         finally:
-            if not why:
-                why.append("done")
-            drain.remove_done_callback(on_drain)
-            opened.remove_done_callback(on_open)
-        if why[0] == "opened":  # even with a slot granted at the same instant (passed on)
+            cut.why = cut.why or "done"
+            drain.remove_done_callback(cut.draining)
+            opened.remove_done_callback(cut.opened)
+        if cut.why == "opened":  # even with a slot granted at the same instant (passed on)
             raise BackendOpened(pool)
         raise self.rejection(RejectReason.DRAINING, self.config.server.retry_after_min_s, pool)
 

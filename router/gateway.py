@@ -25,6 +25,7 @@ from router.faults import BackendHealth
 from router.ledger import Ledger
 from router.metrics import Metrics
 from router.proxy import Upstream
+from router.queue_report import QueueReporter
 from router.usage import ledger_row
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class Gateway:
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     simulators: dict[str, RunningSim] = field(default_factory=dict)
     offers: dict[str, MoveOffers] = field(default_factory=dict)  # per fallback pool
+    reporters: dict[str, QueueReporter] = field(default_factory=dict)  # per pool
     classifier: IntentClassifier | None = None  # loaded when a route steers by intent
     recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=RECENT_RECORDS))
     experiments: dict[str, Experiment] = field(default_factory=dict)  # by the route they split

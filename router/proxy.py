@@ -17,16 +17,21 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus
 
-import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 from policies.config import BackendConfig
 from policies.fallback import estimate_tokens
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, Usage
+from router.upstream_http import (
+    ConnectFailed,
+    HttpPool,
+    Response,
+    ResponseDropped,
+    Target,
+)
 
 # RFC 9110 section 7.6.1, plus what must never cross the gateway in either direction.
 _HOP_BY_HOP = frozenset(
@@ -38,6 +43,7 @@ _HOP_BY_HOP = frozenset(
 _NOT_FORWARDED = _HOP_BY_HOP | {
     "host", "content-length", "content-type", "accept-encoding", "authorization",
     "api-key", "x-api-key", "cookie", "expect",
+    "x-request-id",  # the gateway's own replaces the client's (the same when valid)
 }
 _NOT_RETURNED = _HOP_BY_HOP | {
     "content-length", "content-encoding", "content-type", "date", "server", "set-cookie",
@@ -58,24 +64,21 @@ class ClientGone(Exception):
 
 @dataclass(slots=True)
 class Upstream:
-    """One backend as the proxy sees it: where, with which key, over which session."""
+    """One backend as the proxy sees it: where, with which key, over which connections."""
 
     name: str
     config: BackendConfig
     base_url: str  # the OpenAI base, ending in /v1
-    session: aiohttp.ClientSession  # kept across config reloads: one pool of connections
-    timeout: aiohttp.ClientTimeout = field(init=False)  # per request: follows the config
+    http: HttpPool  # kept across config reloads: one pool of keep-alive connections
     draining: int = field(default=0, init=False)  # answers read for clients that left
-    _urls: dict[Endpoint, URL] = field(default_factory=dict, init=False, repr=False)
+    _targets: dict[str, Target] = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
-
-    def url(self, endpoint: Endpoint) -> URL:
-        url = self._urls.get(endpoint)
-        if url is None:  # parsed once per endpoint, not per request
-            url = self._urls[endpoint] = URL(self.base_url + endpoint.value.removeprefix("/v1"))
-        return url
+    def target(self, path: str) -> Target:
+        """The URL of `path` under the backend's /v1 base (parsed once per path)."""
+        target = self._targets.get(path)
+        if target is None:
+            target = self._targets[path] = Target.parse(self.base_url + path)
+        return target
 
     def auth_headers(self) -> dict[str, str]:
         auth = self.auth_header()
@@ -83,6 +86,9 @@ class Upstream:
 
     def auth_header(self) -> str | None:
         key = self.secret()
+        if key and not key.isprintable():  # a line break would split the header
+            raise ApiError(500, f"The key of backend '{self.name}' (${self.config.api_key_env})"
+                           " holds a control character.", "server_error", "backend_key_invalid")
         return f"Bearer {key}" if key else None
 
     def secret(self) -> str | None:
@@ -104,22 +110,19 @@ class Relay:
 
 def forward_headers(
     headers: CIMultiDictProxy[str], upstream: Upstream, request_id: str
-) -> CIMultiDict[str]:
+) -> list[tuple[str, str]]:
     listed = _connection_listed(headers)
     drop = _NOT_FORWARDED | listed if listed else _NOT_FORWARDED
-    out: CIMultiDict[str] = CIMultiDict(
-        (k, v) for k, v in headers.items() if k.lower() not in drop
-    )
-    out["Content-Type"] = "application/json"
-    out["Accept-Encoding"] = "identity"
-    out["X-Request-Id"] = request_id
+    out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
+    out += (("Content-Type", "application/json"), ("Accept-Encoding", "identity"),
+            ("X-Request-Id", request_id))
     auth = upstream.auth_header()
     if auth:
-        out["Authorization"] = auth
+        out.append(("Authorization", auth))
     return out
 
 
-def returned_headers(headers: CIMultiDictProxy[str], secret: str | None = None
+def returned_headers(headers: MultiMapping[str], secret: str | None = None
                      ) -> dict[str, str]:
     """The backend's headers a client may see: no hop-by-hop ones, none about the
     gateway's own credentials, and none that carry the backend key (an echoing engine)."""
@@ -138,7 +141,7 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-def _connection_listed(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+def _connection_listed(headers: MultiMapping[str]) -> frozenset[str]:
     if "Connection" not in headers:  # the usual case: nothing more to drop
         return frozenset()
     listed = headers.getall("Connection", ())
@@ -201,12 +204,13 @@ async def forward(
     cfg = upstream.config
     deadline = asyncio.timeout(cfg.first_byte_timeout_s)
     headers = forward_headers(request.headers, upstream, request_id)
-    up: aiohttp.ClientResponse | None = None
+    up: Response | None = None
     done = False
     try:
         async with deadline:
-            up = await upstream.session.post(upstream.url(endpoint), data=body, headers=headers,
-                                             timeout=upstream.timeout, allow_redirects=False)
+            up = await upstream.http.request(
+                "POST", upstream.target(endpoint.value.removeprefix("/v1")), headers, body,
+                connect_timeout_s=cfg.connect_timeout_s)
             relay.status = up.status
             if up.status != 200:
                 raise await _upstream_error(up, upstream.name, upstream.secret())
@@ -221,7 +225,7 @@ async def forward(
                 headers_out["Content-Type"] = "application/json"
                 return web.Response(body=raw, status=200, headers=headers_out)
             events = EventRelay(strip_usage, relay.usage)
-            first = await up.content.readany()
+            first = await up.readany()
             relay.first_byte_at = time.perf_counter()
             if response is None:
                 response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
@@ -248,15 +252,16 @@ async def forward(
                 if now - moved_at >= step:
                     moved_at = now
                     deadline.reschedule(now + idle_s)
-                chunk = await up.content.readany()
+                chunk = await up.readany()
             tail = events.flush()  # an unterminated last event is passed on as it is
             if tail:
                 await _send(response.write(tail))
             done = True
             await _send(response.write_eof())
             return response
-    except aiohttp.ConnectionTimeoutError:
-        raise ApiError(502, f"Backend '{upstream.name}' is unreachable (connect timeout).",
+    except ConnectFailed as exc:
+        why = "connect timeout" if exc.timeout else "connection failed"
+        raise ApiError(502, f"Backend '{upstream.name}' is unreachable ({why}).",
                        "api_error", "upstream_unreachable") from None
     except TimeoutError:
         if deadline.expired():
@@ -270,7 +275,7 @@ async def forward(
     except EventTooLarge:
         raise ApiError(502, f"Backend '{upstream.name}' sent an event over "
                        f"{MAX_EVENT_BYTES} bytes.", "api_error", "upstream_too_large") from None
-    except aiohttp.ClientError as exc:
+    except ResponseDropped as exc:
         what = "is unreachable" if relay.status == 0 else "dropped the connection"
         raise ApiError(502, f"Backend '{upstream.name}' {what}: {type(exc).__name__}.",
                        "api_error", "upstream_unreachable" if relay.status == 0
@@ -291,18 +296,18 @@ async def _send(write: Any) -> None:
 
 
 async def _read_bounded(
-    up: aiohttp.ClientResponse, limit: int, deadline: asyncio.Timeout, idle_s: float
+    up: Response, limit: int, deadline: asyncio.Timeout, idle_s: float
 ) -> bytes:
     loop = asyncio.get_running_loop()
     parts: list[bytes] = []
     size = 0
-    while chunk := await up.content.readany():
+    while chunk := await up.readany():
         size += len(chunk)
         if size > limit:
             raise ApiError(502, f"Backend answer exceeds {limit} bytes.", "api_error",
                            "upstream_too_large")
         parts.append(chunk)
-        if not up.content.is_eof():  # more to wait for (typically the whole answer is in)
+        if not up.is_eof():  # more to wait for (typically the whole answer is in)
             deadline.reschedule(loop.time() + idle_s)
     return b"".join(parts)
 
@@ -330,7 +335,7 @@ def _answer_text(choice: object) -> str:
     return content if isinstance(content, str) else ""
 
 
-async def _upstream_error(up: aiohttp.ClientResponse, name: str,
+async def _upstream_error(up: Response, name: str,
                           secret: str | None) -> ApiError:
     """Relay the backend's own error (status and OpenAI-shaped message) when it has one,
     without the backend key. A 401/403 is about the gateway's credentials, not the
@@ -339,7 +344,7 @@ async def _upstream_error(up: aiohttp.ClientResponse, name: str,
         return ApiError(502, f"Backend '{name}' refused the gateway's credentials (HTTP "
                         f"{up.status}); check its api_key_env.", "api_error",
                         "upstream_auth_failed")
-    raw = await up.content.read(ERROR_BODY_LIMIT)
+    raw = await up.read(ERROR_BODY_LIMIT)
     message = f"Backend '{name}' answered HTTP {up.status}."
     kind, code = "api_error", "upstream_error"
     try:

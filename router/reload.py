@@ -77,7 +77,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         upstream = gw.upstreams[name]
         base_url = (gw.simulators[name].url + "/v1" if name in gw.simulators
                     else str(backend.url).rstrip("/"))
-        gw.upstreams[name] = Upstream(name, backend, base_url, upstream.session)
+        gw.upstreams[name] = Upstream(name, backend, base_url, upstream.http)
         gw.pools[name].resize(backend.slots, backend.queue_limit)
         gw.health.add(name, backend)  # new breaker settings; its count starts again
         changes.append(f"backend {name} changed")
