@@ -1,11 +1,13 @@
-"""The floor for any aiohttp gateway: a bare aiohttp + uvloop pass-through, nothing else.
+"""A gateway built on aiohttp alone: a bare aiohttp + uvloop pass-through, nothing else.
 
     .venv/bin/python bench/passthrough.py --upstream http://127.0.0.1:9000 --port 9001
 
 Every POST /v1/chat/completions goes to the upstream on one keep-alive ClientSession;
 a non-streaming answer is read whole and returned, a stream is relayed chunk by chunk.
-No parsing, auth, pools, metrics or logs: the gap between this and slotgate in the same
-run is what slotgate's own work costs. GET /health answers for the suite's start probe.
+No parsing, auth, pools, metrics or logs. slotgate shares its server (aiohttp) but not
+its client (router/upstream_http.py instead of ClientSession): the gap between the two
+in the same run is slotgate's own work, less what its leaner client saves. GET /health
+answers for the suite's start probe.
 """
 
 from __future__ import annotations

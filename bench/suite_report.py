@@ -129,9 +129,12 @@ def markdown(result: Result, fig: Result, chart: bool) -> str:
         "temp dir, a route with a fallback backend and `fallback.when: saturated` (the "
         "classifier is loaded; it runs only for requests that would wait), `slots: 1024` "
         "so the pool is never the limit |",
-        "| aiohttp | `bench/passthrough.py`: a bare aiohttp + uvloop pass-through (one "
-        "keep-alive session, no parsing, auth, pools, metrics or logs), the floor of any "
-        "aiohttp gateway: the gap from it to slotgate is what slotgate's own work costs |",
+        "| aiohttp | `bench/passthrough.py`: a bare aiohttp + uvloop pass-through (aiohttp's "
+        "server and one keep-alive `ClientSession`; no parsing, auth, pools, metrics or "
+        "logs): a gateway built on aiohttp alone. slotgate uses aiohttp's server but its "
+        "own upstream client (`router/upstream_http.py`, about a quarter of "
+        "`ClientSession`'s CPU per request), so the gap to it is slotgate's own work less "
+        "what that client saves |",
         "| litellm | `litellm --num_workers 1`, the mock as an `openai/` model with "
         "`api_base`, a master key, no database, `LITELLM_TELEMETRY=False`, local cost map |",
         "| nginx | one worker, upstream `keepalive 128`, `proxy_http_version 1.1`, "

@@ -132,6 +132,8 @@ def target_problem(url: object, simulated: object) -> str | None:
     """A backend is either a real engine at `url` or an in-process simulated one."""
     if (url is None) == (simulated is None):
         return "give exactly one of 'url' or 'simulated'"
+    if isinstance(url, HttpUrl) and (url.username or url.password):
+        return "no credentials in 'url': put the key in the environment (api_key_env)"
     return None
 
 

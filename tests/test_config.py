@@ -162,6 +162,13 @@ def test_yaml_syntax_error_has_line(text: str, line: int, words: str) -> None:
             "valid URL",
         ),
         (
+            "backends: {a: {url: 'http://u:sk-1@h:8000/v1', model: m, slots: 1}}\n"
+            "routes: {a: {primary: a}}\n",
+            "backends.a",
+            1,
+            "no credentials in 'url'",
+        ),
+        (
             "backends:\n  a:\n    simulated:\n      seeed: 1\n",
             "backends.a.simulated.seeed",
             4,
@@ -175,7 +182,8 @@ def test_yaml_syntax_error_has_line(text: str, line: int, words: str) -> None:
             "should be a list",
         ),
     ],
-    ids=["empty", "list-root", "missing-section", "bad-url", "nested-unknown-key", "not-a-list"],
+    ids=["empty", "list-root", "missing-section", "bad-url", "url-credentials",
+         "nested-unknown-key", "not-a-list"],
 )
 def test_single_problem(text: str, path: str, line: int | None, words: str) -> None:
     with pytest.raises(ConfigError) as caught:
