@@ -226,6 +226,41 @@ async def test_queued_stream_hears_its_position_in_sse_comments(start: StartGate
     await assert_idle(gw)
 
 
+def reporter_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if "QueueReporter._run" in repr(t.get_coro())]
+
+
+async def test_one_task_tells_every_queued_stream_its_place(start: StartGateway) -> None:
+    """Queue reports come from one task per pool, not one per waiter (thousands may
+    queue), and each waiter still hears its own place move up until its slot comes."""
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=8)))
+    holder = await occupy_one_slot(gw)
+    body = {"model": "chat", "messages": MESSAGES, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        streams = []
+        for i in range(6):
+            resp = await http.post(gw.url + "/v1/chat/completions", json=body)
+            streams.append(resp)
+            first = await asyncio.wait_for(resp.content.readline(), 5)
+            assert first.startswith(b": queue position=%d " % (i + 1)), first
+        assert len(reporter_tasks()) == 1
+        engine(gw).release()
+        for place, resp in enumerate(streams, 1):
+            positions, granted = [place], False
+            async for line in resp.content:
+                if line.startswith(b": queue position="):
+                    positions.append(int(line.split(b"=")[1].split()[0]))
+                granted = granted or line.startswith(b": slot granted")
+                if line.startswith(b"data: [DONE]"):
+                    break
+            assert granted and positions == sorted(set(positions), reverse=True), positions
+            assert place == 1 or len(positions) > 1  # it heard the line move
+            resp.release()
+    await holder
+    await asyncio.wait_for(asyncio.gather(*reporter_tasks()), 5)  # ends with its last listener
+    await assert_idle(gw)
+
+
 async def test_queued_non_stream_reports_its_wait(start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
     holder = await occupy_one_slot(gw)
