@@ -7,7 +7,7 @@ cleanup context and torn down in reverse; nothing lives at module level.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,18 +24,15 @@ from router.gateway import GATEWAY, Gateway
 from router.http_errors import GatewayRunner, request_line_limit
 from router.ledger import Ledger
 from router.ledger_store import open_ledger
-from router.openai_api import ApiError, Endpoint
+from router.openai_api import ApiError, Endpoint, not_found
 from router.pools import start_coordinator
 
 log = logging.getLogger("slotgate")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def create_app(config: Config) -> web.Application:
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
-        middlewares=[_openai_errors],
         handler_args={
             "max_line_size": request_line_limit(config.server.max_header_bytes),
             "max_field_size": config.server.max_header_bytes,
@@ -54,6 +51,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/openapi.json", _openapi)
     pages.setup(app)
     admin.setup(app)
+    app.router.add_route("*", "/{path:.*}", _no_route)  # last: what no route above takes
     return app
 
 
@@ -98,17 +96,20 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.coordinator.close()
 
 
-@web.middleware
-async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer the framework's own errors (404, 405, ...) in OpenAI's shape too."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        return ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", kind,
-                        code=exc.reason.lower().replace(" ", "_")).response()
+async def _no_route(request: web.Request) -> web.Response:
+    """What no other route takes, answered in OpenAI's shape: 405 (with Allow) when the
+    path exists for other methods, else 404. A route of its own, registered last, rather
+    than a middleware: no extra frames on every request's path."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            _, methods = await resource.resolve(request)
+            allowed |= methods
+    if allowed:
+        return ApiError(405, f"Method Not Allowed: {request.method} {request.path}",
+                        code="method_not_allowed",
+                        headers={"Allow": ", ".join(sorted(allowed))}).response()
+    return not_found(request)
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -60,6 +60,11 @@ class ApiError(Exception):
         return b"data: " + orjson.dumps(self.body()) + b"\n\n"
 
 
+def not_found(request: web.BaseRequest) -> web.Response:
+    return ApiError(404, f"Not Found: {request.method} {request.path}",
+                    code="not_found").response()
+
+
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 

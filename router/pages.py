@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from router.gateway import GATEWAY, Gateway
-from router.openai_api import ApiError
+from router.openai_api import ApiError, not_found
 
 WEB_DIR = Path(__file__).with_name("web")
 MAX_SUBSCRIBERS = 100  # dashboards connected at once; the next one gets 503
@@ -106,7 +106,7 @@ async def _static(request: web.Request) -> web.StreamResponse:
 def _file(request: web.Request, name: str) -> web.StreamResponse:
     path = request.app[PAGES].files.get(name)  # only names listed at startup: no "..", no "/"
     if path is None:
-        raise web.HTTPNotFound()
+        return not_found(request)
     return web.FileResponse(path, headers={**_HEADERS, "Content-Type": _TYPES[path.suffix]})
 
 

@@ -134,8 +134,10 @@ async def test_unknown_path_and_method_answer_in_openai_shape(
         assert resp.status == 404
         assert_openai_error(await resp.json(), "invalid_request_error")
     async with http.get(gw.url + "/v1/chat/completions") as resp:
-        assert resp.status == 405
-        assert_openai_error(await resp.json(), "invalid_request_error")
+        assert resp.status == 405 and resp.headers["Allow"] == "POST"
+        assert_openai_error(await resp.json(), "invalid_request_error", "method_not_allowed")
+    async with http.delete(gw.url + "/healthz") as resp:
+        assert resp.status == 405 and resp.headers["Allow"] == "GET, HEAD"
 
 
 async def test_health_and_readiness(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
