@@ -30,8 +30,9 @@ from router.upstream_http import (
     HttpPool,
     Response,
     ResponseDropped,
-    Target,
+    ResponseTimeout,
 )
+from router.upstream_wire import Target
 
 # RFC 9110 section 7.6.1, plus what must never cross the gateway in either direction.
 _HOP_BY_HOP = frozenset(
@@ -200,78 +201,65 @@ async def forward(
     `relay` is filled in as the exchange goes. Raises ApiError for upstream failures
     (the caller answers them, in-band once a stream has begun) and ClientGone.
     """
-    loop = asyncio.get_running_loop()
     cfg = upstream.config
-    deadline = asyncio.timeout(cfg.first_byte_timeout_s)
     headers = forward_headers(request.headers, upstream, request_id)
     up: Response | None = None
     done = False
     try:
-        async with deadline:
-            up = await upstream.http.request(
-                "POST", upstream.target(endpoint.value.removeprefix("/v1")), headers, body,
-                connect_timeout_s=cfg.connect_timeout_s)
-            relay.status = up.status
-            if up.status != 200:
-                raise await _upstream_error(up, upstream.name, upstream.secret())
-            if not stream:
-                raw = await _read_bounded(up, max_response_bytes, deadline, cfg.idle_timeout_s)
-                relay.first_byte_at = time.perf_counter()
-                _usage_from_body(raw, relay.usage)
-                done = True
-                # Case-insensitive: the gateway's x-request-id replaces an engine's own.
-                headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
-                headers_out.update(extra_headers)
-                headers_out["Content-Type"] = "application/json"
-                return web.Response(body=raw, status=200, headers=headers_out)
-            events = EventRelay(strip_usage, relay.usage)
-            first = await up.readany()
+        # The first-byte and idle deadlines are kept by the connection pool (a coarse
+        # ticker, not a timer re-armed per request or per chunk).
+        up = await upstream.http.request(
+            "POST", upstream.target(endpoint.value.removeprefix("/v1")), headers, body,
+            connect_timeout_s=cfg.connect_timeout_s,
+            first_byte_timeout_s=cfg.first_byte_timeout_s, idle_timeout_s=cfg.idle_timeout_s)
+        relay.status = up.status
+        if up.status != 200:
+            raise await _upstream_error(up, upstream.name, upstream.secret())
+        if not stream:
+            raw = await _read_bounded(up, max_response_bytes)
             relay.first_byte_at = time.perf_counter()
-            if response is None:
-                response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
-                relay.response = response
-                await _send(response.prepare(request))
-                if preamble:
-                    await _send(response.write(preamble))
-            relay.streaming = True
-            chunk = first
-            idle_s = cfg.idle_timeout_s
-            # The idle deadline moves at most every `step` (not at every chunk: a timer
-            # re-armed per chunk is a large share of a chunk's cost); it stays within
-            # [idle_s - step, idle_s] of the last chunk.
-            step, moved_at = min(1.0, idle_s / 10), loop.time()
-            deadline.reschedule(moved_at + idle_s)
-            while chunk:
-                out_bytes = events.feed(chunk)
-                if out_bytes:
-                    try:
-                        await response.write(out_bytes)
-                    except ConnectionResetError:
-                        raise ClientGone from None
-                now = loop.time()
-                if now - moved_at >= step:
-                    moved_at = now
-                    deadline.reschedule(now + idle_s)
-                chunk = await up.readany()
-            tail = events.flush()  # an unterminated last event is passed on as it is
-            if tail:
-                await _send(response.write(tail))
+            _usage_from_body(raw, relay.usage)
             done = True
-            await _send(response.write_eof())
-            return response
+            # Case-insensitive: the gateway's x-request-id replaces an engine's own.
+            headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
+            headers_out.update(extra_headers)
+            headers_out["Content-Type"] = "application/json"
+            return web.Response(body=raw, status=200, headers=headers_out)
+        events = EventRelay(strip_usage, relay.usage)
+        chunk = await up.readany()
+        relay.first_byte_at = time.perf_counter()
+        if response is None:
+            response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
+            relay.response = response
+            await _send(response.prepare(request))
+            if preamble:
+                await _send(response.write(preamble))
+        relay.streaming = True
+        while chunk:
+            out_bytes = events.feed(chunk)
+            if out_bytes:
+                try:
+                    await response.write(out_bytes)
+                except ConnectionResetError:
+                    raise ClientGone from None
+            chunk = await up.readany()
+        tail = events.flush()  # an unterminated last event is passed on as it is
+        if tail:
+            await _send(response.write(tail))
+        done = True
+        await _send(response.write_eof())
+        return response
     except ConnectFailed as exc:
         why = "connect timeout" if exc.timeout else "connection failed"
         raise ApiError(502, f"Backend '{upstream.name}' is unreachable ({why}).",
                        "api_error", "upstream_unreachable") from None
-    except TimeoutError:
-        if deadline.expired():
-            if relay.first_byte_at is None:
-                raise ApiError(504, f"Backend '{upstream.name}' sent no first byte within "
-                               f"{cfg.first_byte_timeout_s:g} s.", "api_error",
-                               "upstream_timeout") from None
-            raise ApiError(504, f"Backend '{upstream.name}' went idle for "
-                           f"{cfg.idle_timeout_s:g} s.", "api_error", "upstream_timeout") from None
-        raise
+    except ResponseTimeout as exc:
+        if exc.first_byte:
+            raise ApiError(504, f"Backend '{upstream.name}' sent no first byte within "
+                           f"{cfg.first_byte_timeout_s:g} s.", "api_error",
+                           "upstream_timeout") from None
+        raise ApiError(504, f"Backend '{upstream.name}' went idle for "
+                       f"{cfg.idle_timeout_s:g} s.", "api_error", "upstream_timeout") from None
     except EventTooLarge:
         raise ApiError(502, f"Backend '{upstream.name}' sent an event over "
                        f"{MAX_EVENT_BYTES} bytes.", "api_error", "upstream_too_large") from None
@@ -295,10 +283,7 @@ async def _send(write: Any) -> None:
         raise ClientGone from None
 
 
-async def _read_bounded(
-    up: Response, limit: int, deadline: asyncio.Timeout, idle_s: float
-) -> bytes:
-    loop = asyncio.get_running_loop()
+async def _read_bounded(up: Response, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     while chunk := await up.readany():
@@ -307,8 +292,6 @@ async def _read_bounded(
             raise ApiError(502, f"Backend answer exceeds {limit} bytes.", "api_error",
                            "upstream_too_large")
         parts.append(chunk)
-        if not up.is_eof():  # more to wait for (typically the whole answer is in)
-            deadline.reschedule(loop.time() + idle_s)
     return b"".join(parts)
 
 

@@ -2,36 +2,29 @@
 
 aiohttp's ClientSession costs ~8x the CPU per request of an asyncio.Protocol driving
 httptools (llhttp), and every admitted request crosses this leg once. This is just enough
-client for it: a LIFO keep-alive pool per origin, bodies streamed with backpressure, no
-timers of its own. Errors: UpstreamError > ConnectFailed | ResponseDropped > BadResponse.
+client for it: a LIFO keep-alive pool per origin, bodies streamed with backpressure, and
+first-byte and idle deadlines kept by one coarse ticker per pool rather than a timer per
+request. Errors: UpstreamError > ConnectFailed | ResponseTimeout | ResponseDropped >
+BadResponse.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
+import math
 import ssl
 from collections import defaultdict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import cast
-from urllib.parse import urlsplit
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from multidict import CIMultiDict
 
+from router.upstream_wire import BODYLESS, Origin, Target, encode, until_close
+
 MAX_HEAD_BYTES = 64 * 1024  # status line + header fields (interim 1xx answers included)
 MAX_HEADER_FIELDS = 128
 PAUSE_AT = 256 * 1024  # body bytes buffered unread before the engine is made to wait
-
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_NOT_SENT = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_BODYLESS = frozenset({"GET", "HEAD"})
-# Header name -> sent (a token, not one written here): checked once each, in a bounded cache.
-_NAMES: dict[str, bool] = {}
-
-Origin = tuple[bool, str, int]
 
 
 class UpstreamError(Exception):
@@ -54,85 +47,24 @@ class BadResponse(ResponseDropped):
     """The engine's bytes are not valid HTTP/1.1, or its headers exceed the limits."""
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One upstream URL, parsed once."""
+class ResponseTimeout(UpstreamError):
+    """No body byte within the first-byte timeout (`first_byte`), or a gap in the body
+    longer than the idle timeout. The connection is closed: the engine aborts."""
 
-    tls: bool
-    host: str
-    port: int
-    path: str  # with the query
-    host_header: str
-    origin: Origin = field(init=False, repr=False, compare=False)  # the pool's key
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "origin", (self.tls, self.host, self.port))
-
-    @classmethod
-    def parse(cls, url: str) -> Target:
-        if not url.isascii() or any(c <= " " or c == "\x7f" for c in url):
-            raise ValueError(f"invalid upstream URL {url!r}")
-        parts = urlsplit(url)  # raises ValueError on a bad port or IPv6 literal
-        if parts.scheme not in ("http", "https"):
-            raise ValueError(f"upstream URL {url!r} is not http:// or https://")
-        if "@" in parts.netloc:
-            raise ValueError(f"upstream URL {url!r} has userinfo")
-        host, port = parts.hostname, parts.port
-        if not host or port == 0:
-            raise ValueError(f"upstream URL {url!r} has no host or port")
-        tls = parts.scheme == "https"
-        default = 443 if tls else 80
-        port = port or default
-        name = f"[{host}]" if ":" in host else host
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        return cls(tls, host, port, path, name if port == default else f"{name}:{port}")
-
-
-def _sent(name: str) -> bool:
-    sent = _NAMES.get(name)
-    if sent is None:
-        if _TOKEN.fullmatch(name) is None:
-            raise ValueError(f"invalid header name {name!r}")
-        sent = name.lower() not in _NOT_SENT
-        if len(_NAMES) < 1024:
-            _NAMES[name] = sent
-    return sent
-
-
-def _encode(method: str, target: Target, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
-    if method not in _METHODS and _TOKEN.fullmatch(method) is None:
-        raise ValueError(f"invalid HTTP method {method!r}")
-    lines = [method, " ", target.path, " HTTP/1.1\r\nHost: ", target.host_header, "\r\n"]
-    if body or method not in _BODYLESS:
-        lines.append(f"Content-Length: {len(body)}\r\n")
-    for name, value in headers:
-        if "\r" in value or "\n" in value or "\0" in value:
-            raise ValueError(f"invalid value for header {name!r}")  # not shown: may be a secret
-        if _sent(name):
-            lines += (name, ": ", value, "\r\n")
-    lines.append("\r\n")
-    # surrogateescape: header values decoded that way by aiohttp's server go out unchanged.
-    return "".join(lines).encode("utf-8", "surrogateescape") + body
-
-
-def _until_close(status: int, headers: CIMultiDict[str]) -> bool:
-    """Whether the body is framed by the connection closing (llhttp's rules)."""
-    if status in (204, 304):
-        return False
-    codings = headers.getall("Transfer-Encoding", ())
-    if codings:
-        return codings[-1].rsplit(",", 1)[-1].strip().lower() != "chunked"
-    return "Content-Length" not in headers
+    def __init__(self, message: str, *, first_byte: bool) -> None:
+        super().__init__(message)
+        self.first_byte = first_byte
 
 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: the parser's callbacks, the body buffer, the waiters."""
 
     __slots__ = (
-        "body", "body_waiter", "buffered", "done", "error", "head_bytes", "head_done",
-        "head_only", "head_raw", "head_waiter", "headers", "idle", "idle_since", "interim",
-        "loop", "lost", "origin", "parser", "paused", "pool", "raw_headers", "received",
-        "reusable", "status", "transport", "until_close",
+        "answered", "body", "body_waiter", "buffered", "done", "error", "first_byte_by",
+        "head_bytes", "head_done", "head_only", "head_raw", "head_waiter", "headers", "idle",
+        "idle_s", "idle_since", "interim", "last_data", "loop", "lost", "origin", "parser",
+        "paused", "pool", "raw_headers", "received", "reusable", "status", "transport",
+        "until_close",
     )
     transport: asyncio.Transport
     headers: CIMultiDict[str]
@@ -147,19 +79,23 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.buffered = 0
         self.head_waiter = self.body_waiter = None
-        self._start(False)
+        self._start(False, math.inf, math.inf)
 
-    def _start(self, head_only: bool) -> None:
+    def _start(self, head_only: bool, first_byte_s: float, idle_s: float) -> None:
         self.head_only = head_only
+        self.last_data = self.loop.time()
+        self.first_byte_by, self.idle_s = self.last_data + first_byte_s, idle_s
+        self.answered = False
         self.received = self.head_done = self.done = self.interim = self.until_close = False
         self.reusable = True  # until something rules it out
         self.error: UpstreamError | None = None
         self.raw_headers: list[tuple[str, str]] = []
         self.head_bytes = self.head_raw = self.status = 0
 
-    async def exchange(self, data: bytes, head_only: bool) -> None:
+    async def exchange(self, data: bytes, head_only: bool, first_byte_s: float,
+                       idle_s: float) -> None:
         """Send one request; return once the final response's headers are in."""
-        self._start(head_only)
+        self._start(head_only, first_byte_s, idle_s)
         if self.lost:
             raise ResponseDropped("the connection closed before the request was sent")
         waiter = self.head_waiter = self.loop.create_future()
@@ -179,8 +115,20 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         if self.paused:
             self.paused = False
+            self.last_data = self.loop.time()  # the engine waited on us, not we on it
             self.transport.resume_reading()
         return data
+
+    def expired(self, now: float) -> ResponseTimeout | None:
+        """The deadline this exchange has passed, if any (checked by the pool's ticker)."""
+        if self.done or self.paused:
+            return None
+        if not self.answered:
+            if now > self.first_byte_by:
+                return ResponseTimeout("no first byte in time", first_byte=True)
+        elif now - self.last_data > self.idle_s:
+            return ResponseTimeout("the answer went idle", first_byte=False)
+        return None
 
     def _fail(self, error: UpstreamError) -> None:
         self.error = self.error or error
@@ -209,6 +157,7 @@ class _Connection(asyncio.Protocol):
                 self.transport.abort()
             return
         self.received = True
+        self.last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
         except (HttpParserError, HttpParserUpgrade) as exc:
@@ -271,9 +220,10 @@ class _Connection(asyncio.Protocol):
             self.done = True  # no body, whatever the headers say; not reusable then
             self.reusable = False
         else:
-            self.until_close = _until_close(status, self.headers)
+            self.until_close = until_close(status, self.headers)
 
     def on_body(self, body: bytes) -> None:
+        self.answered = True
         self.body.append(body)
         self.buffered += len(body)
 
@@ -364,38 +314,71 @@ class HttpPool:
         self._idle: defaultdict[Origin, deque[_Connection]] = defaultdict(deque)
         self._closed = False
         self.connections_opened = 0
+        self._active: set[_Connection] = set()  # exchanges with deadlines, for the ticker
+        self._tick_s = 1.0  # a tenth of the shortest timeout seen (deadlines run <= 10% late)
+        self._ticker: asyncio.TimerHandle | None = None
 
     def idle_count(self, target: Target) -> int:
         stack = self._idle.get(target.origin)
         return len(stack) if stack else 0
 
     async def request(self, method: str, target: Target, headers: Iterable[tuple[str, str]],
-                      body: bytes, *, connect_timeout_s: float) -> Response:
+                      body: bytes, *, connect_timeout_s: float,
+                      first_byte_timeout_s: float = math.inf,
+                      idle_timeout_s: float = math.inf) -> Response:
         """Send a request; return once the response's headers are in (before the body).
-        Raises ValueError (bad method or header), ConnectFailed, ResponseDropped."""
+        The first byte of the body must come within `first_byte_timeout_s` of sending,
+        and no gap in it may last `idle_timeout_s` (the time the reader makes the engine
+        wait does not count). Raises ValueError (bad method or header), ConnectFailed,
+        ResponseTimeout, ResponseDropped, here or from the response's reads."""
+        timing = (first_byte_timeout_s, idle_timeout_s)
         if self._closed:
             raise RuntimeError("HttpPool is closed")
-        data = _encode(method, target, headers, body)
+        data = encode(method, target, headers, body)
         head_only = method == "HEAD"
         conn = self._checkout(target.origin)
         if conn is not None:
             try:
-                await conn.exchange(data, head_only)
-                return Response(conn)
+                return await self._exchange(conn, data, head_only, timing)
             except ResponseDropped:
-                if conn.received or method not in _BODYLESS:
+                if conn.received or method not in BODYLESS:
                     raise
                 # The engine closed this idle connection as we wrote, or failed: a GET is
                 # sent once more, on a new connection. Never a POST: the engine may have
                 # begun to generate (an idle connection closed by the engine leaves the
                 # pool at once, and idle_ttl_s stays under engines' keep-alive timeouts).
         conn = await self._connect(target, connect_timeout_s)
-        await conn.exchange(data, head_only)
+        return await self._exchange(conn, data, head_only, timing)
+
+    async def _exchange(self, conn: _Connection, data: bytes, head_only: bool,
+                        timing: tuple[float, float]) -> Response:
+        first_byte_s, idle_s = timing
+        if first_byte_s < math.inf or idle_s < math.inf:
+            self._active.add(conn)
+            self._tick_s = max(0.01, min(self._tick_s, first_byte_s / 10, idle_s / 10))
+            if self._ticker is None:
+                self._ticker = conn.loop.call_later(self._tick_s, self._tick)
+        await conn.exchange(data, head_only, first_byte_s, idle_s)
         return Response(conn)
+
+    def _tick(self) -> None:
+        """Fail the exchanges past a deadline; forget those that ended."""
+        now = asyncio.get_running_loop().time()
+        for conn in list(self._active):
+            if conn.done or conn.error is not None or conn.lost or conn.idle:
+                self._active.discard(conn)
+            elif (late := conn.expired(now)) is not None:
+                self._active.discard(conn)
+                conn._fail(late)
+        self._ticker = (asyncio.get_running_loop().call_later(self._tick_s, self._tick)
+                        if self._active else None)
 
     async def close(self) -> None:
         """Close the idle connections; the pool takes no more requests."""
         self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         idle, self._idle = self._idle, defaultdict(deque)
         for stack in idle.values():
             for conn in stack:

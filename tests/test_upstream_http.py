@@ -22,8 +22,9 @@ from router.upstream_http import (
     ConnectFailed,
     HttpPool,
     ResponseDropped,
-    Target,
+    ResponseTimeout,
 )
+from router.upstream_wire import Target
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -464,3 +465,20 @@ async def test_cancelled_request_closes_the_connection(raw: Raw, pool: HttpPool)
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await within(raw.left.get()) in ("eof", "reset") and pool.idle_count(target) == 0
+
+
+async def test_first_byte_and_idle_deadlines(raw: Raw, pool: HttpPool) -> None:
+    """Kept by the pool's ticker: the engine is cut off (it sees the connection close)."""
+    timing = {"connect_timeout_s": 5, "first_byte_timeout_s": 0.05, "idle_timeout_s": 0.05}
+    target = await raw.serve(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")  # then silence
+    resp = await within(pool.request("POST", target, [], b"{}", **timing))
+    with pytest.raises(ResponseTimeout) as info:
+        await within(resp.readany())
+    assert info.value.first_byte and await within(raw.left.get()) in ("eof", "reset")
+    target = await raw.serve(CHUNKED + b"5\r\nhello\r\n")  # one chunk, then silence
+    resp = await within(pool.request("POST", target, [], b"{}", **timing))
+    assert await within(resp.readany()) == b"hello"
+    with pytest.raises(ResponseTimeout) as info:
+        await within(resp.readany())
+    assert not info.value.first_byte and await within(raw.left.get()) in ("eof", "reset")
+    resp.close()
