@@ -31,7 +31,9 @@ async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
         base_url = sim.url + "/v1"
     else:
         base_url = str(backend.url).rstrip("/")
-    gw.upstreams[name] = Upstream(name, backend, base_url, HttpPool())
+    # sized to the slots: every request in flight may leave a connection to keep
+    gw.upstreams[name] = Upstream(name, backend, base_url,
+                                  HttpPool(max_idle_per_origin=backend.slots))
     gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
     gw.reporters[name] = QueueReporter(gw.pools[name])
     gw.metrics.watch(gw.pools[name])

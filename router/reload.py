@@ -78,6 +78,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         base_url = (gw.simulators[name].url + "/v1" if name in gw.simulators
                     else str(backend.url).rstrip("/"))
         gw.upstreams[name] = Upstream(name, backend, base_url, upstream.http)
+        upstream.http.max_idle_per_origin = backend.slots
         gw.pools[name].resize(backend.slots, backend.queue_limit)
         gw.health.add(name, backend)  # new breaker settings; its count starts again
         changes.append(f"backend {name} changed")

@@ -309,7 +309,8 @@ class HttpPool:
 
     def __init__(self, *, max_idle_per_origin: int = 256, idle_ttl_s: float = 4.0,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        self._max_idle, self._ttl = max_idle_per_origin, idle_ttl_s
+        self.max_idle_per_origin = max_idle_per_origin  # may change (a reload's new slots)
+        self._ttl = idle_ttl_s
         self._ssl = ssl_context
         self._idle: defaultdict[Origin, deque[_Connection]] = defaultdict(deque)
         self._closed = False
@@ -417,13 +418,14 @@ class HttpPool:
         return None
 
     def _checkin(self, conn: _Connection) -> None:
-        if self._closed or self._max_idle <= 0 or conn.transport.is_closing():
+        if self._closed or self.max_idle_per_origin <= 0 or conn.transport.is_closing():
             conn.transport.abort()
             return
         stack = self._idle[conn.origin]
         now = conn.loop.time()
         # The bottom is the longest idle: closed here, as LIFO checkouts may never reach it.
-        while stack and (len(stack) >= self._max_idle or now - stack[0].idle_since >= self._ttl):
+        limit = self.max_idle_per_origin
+        while stack and (len(stack) >= limit or now - stack[0].idle_since >= self._ttl):
             stack.popleft().transport.abort()
         conn.idle = True
         conn.idle_since = now
