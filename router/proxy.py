@@ -235,13 +235,11 @@ async def forward(
             if preamble:
                 await _send(response.write(preamble))
         relay.streaming = True
+        client = request.transport
         while chunk:
             out_bytes = events.feed(chunk)
             if out_bytes:
-                try:
-                    await response.write(out_bytes)
-                except ConnectionResetError:
-                    raise ClientGone from None
+                await _write_stalled(response, out_bytes, client, cfg.idle_timeout_s)
             chunk = await up.readany()
         tail = events.flush()  # an unterminated last event is passed on as it is
         if tail:
@@ -274,6 +272,23 @@ async def forward(
                 up.release()
             else:
                 up.close()  # drop the connection: the engine aborts the generation
+
+
+async def _write_stalled(response: web.StreamResponse, data: bytes,
+                         client: asyncio.Transport | None, limit_s: float) -> None:
+    """Relay `data`. A client that stops reading must not hold the slot: a write that has
+    to wait for it (its socket's buffers full) waits at most `limit_s` (the backend's idle
+    timeout), then the client counts as gone. A write that cannot take the buffer past
+    its high-water mark cannot wait (aiohttp drains only a paused transport): no timer."""
+    try:
+        if client is not None and (client.get_write_buffer_size() + len(data)
+                                   > client.get_write_buffer_limits()[1]):
+            async with asyncio.timeout(limit_s):
+                await response.write(data)
+        else:
+            await response.write(data)
+    except (ConnectionResetError, TimeoutError):
+        raise ClientGone from None
 
 
 async def _send(write: Any) -> None:

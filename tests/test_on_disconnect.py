@@ -8,10 +8,12 @@ anyway is never handed a second request meanwhile. A cut stream is closed upstre
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import openai
+import orjson
 import pytest
 
 from router.app import RunningGateway
@@ -145,3 +147,23 @@ def test_the_setting_is_checked() -> None:
     with pytest.raises(ConfigError) as caught:
         config_from_dict(gateway_config(sim_backend("m", 1, on_disconnect="wait")))
     assert "backends.big.on_disconnect" in str(caught.value)
+
+
+async def test_a_stream_whose_client_stops_reading_frees_its_slot(start: StartGateway) -> None:
+    """A client that keeps its connection but stops reading (its socket buffers full) is
+    cut after the backend's idle timeout: it holds no slot, and the engine aborts."""
+    gw = await start(gateway_config(sim_backend(
+        "m", slots=1, idle_timeout_s=0.3, sim={"output_tokens": 500_000})))
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    body = orjson.dumps({"model": "chat", "messages": MESSAGES, "stream": True})
+    loop = asyncio.get_running_loop()
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+        client.setblocking(False)
+        await loop.sock_connect(client, (host, int(port)))
+        await loop.sock_sendall(client, b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                % (len(body), body))
+        await until(lambda: any(r.disconnect is Phase.STREAMING for r in gw.gateway.recent), 30)
+    await assert_idle(gw)
+    assert engine(gw).active == 0
