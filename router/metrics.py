@@ -6,11 +6,13 @@ Label values come from the config (backend and route names) or from closed sets
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from router.tallies import Spread, Tally
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -41,43 +43,35 @@ class Metrics:
         r.register(_PoolCollector(self._pools))
         self.queue_wait = Histogram("llm_queue_wait_time_seconds", "Time spent in a queue",
                                     ["backend"], buckets=BUCKETS, registry=r)
-        self.holding = Histogram("llm_slot_holding_time_seconds", "Time a slot was held",
-                                 ["backend"], buckets=BUCKETS, registry=r)
+        # What every request updates is tallied in plain Python (router/tallies.py).
+        self.holding = Spread("llm_slot_holding_time_seconds", "Time a slot was held",
+                              ["backend"], BUCKETS)
         self.rejections = Counter("llm_rejection", "Requests refused by the gateway",
                                   ["backend", "reason"], registry=r)
         # The rest, in Prometheus naming.
-        self.requests = Counter("slotgate_requests", "Requests answered",
-                                ["route", "backend", "status_class"], registry=r)
+        self.requests = Tally("slotgate_requests", "Requests answered",
+                              ["route", "backend", "status_class"])
         self.fallbacks = Counter("slotgate_fallbacks", "Requests sent to a fallback",
                                  ["from", "to", "intent"], registry=r)
         self.classifier = Histogram("slotgate_classifier_seconds", "One intent prediction",
                                     buckets=CLASSIFIER_BUCKETS, registry=r)
-        self.ttft = Histogram("slotgate_ttft_seconds", "Time to the first byte of the answer",
-                              ["backend"], buckets=BUCKETS, registry=r)
+        self.ttft = Spread("slotgate_ttft_seconds", "Time to the first byte of the answer",
+                           ["backend"], BUCKETS)
         self.upstream_errors = Counter("slotgate_upstream_errors", "Backend failures",
                                        ["backend", "kind"], registry=r)
         self.disconnects = Counter("slotgate_client_disconnects", "Clients that left early",
                                    ["backend", "phase"], registry=r)
-        self.tokens = Counter("slotgate_tokens", "Tokens in and out", ["backend", "direction"],
-                              registry=r)
-        self.cost = Counter("slotgate_cost", "What answered requests cost, in the config's "
-                            "currency", ["backend", "currency"], registry=r)
-        self._requests: dict[tuple[str, str, int], Any] = {}
-        self._per_backend: dict[str, tuple[Any, Any, Any]] = {}
-        self._cost: dict[str, Any] = {}
-        self._holding: dict[str, Any] = {}
+        self.tokens = Tally("slotgate_tokens", "Tokens in and out", ["backend", "direction"])
+        self.cost = Tally("slotgate_cost", "What answered requests cost, in the config's "
+                          "currency", ["backend", "currency"])
+        for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost):
+            r.register(tally)
 
     def held(self, pool: str, seconds: float) -> None:
-        child = self._holding.get(pool)
-        if child is None:
-            child = self._holding[pool] = self.holding.labels(pool)
-        child.observe(seconds)
+        self.holding.observe(self.holding.series((pool,)), seconds)
 
     def add_cost(self, backend: str, currency: str, amount: float) -> None:
-        child = self._cost.get(backend)
-        if child is None:
-            child = self._cost[backend] = self.cost.labels(backend, currency)
-        child.inc(amount)
+        self.cost.add((backend, currency), amount)
 
     def watch_coordinator(self, healthy: Callable[[], bool]) -> None:
         Gauge("slotgate_redis_up", "1 while the shared pools' Redis answers (breaker closed)",
@@ -91,18 +85,13 @@ class Metrics:
     def watch(self, pool: SlotPool) -> None:
         self._pools[pool.name] = pool
         self.queue_wait.labels(pool.name)  # export zeros before the first request
-        self.holding.labels(pool.name)
+        self.holding.series((pool.name,))
 
     def record(self, rec: RequestRecord, primary: str | None) -> None:
         """Everything a finished request tells, from its record."""
         backend = rec.backend or "none"
         if rec.status:
-            key = (rec.route or "unknown", backend, rec.status // 100)
-            counter = self._requests.get(key)
-            if counter is None:  # label lookups cost microseconds: keep the children
-                counter = self._requests[key] = self.requests.labels(
-                    key[0], backend, f"{key[2]}xx")
-            counter.inc()
+            self.requests.add((rec.route or "unknown", backend, f"{rec.status // 100}xx"))
         if rec.error in UPSTREAM_ERROR_KIND and rec.backend:
             self.upstream_errors.labels(rec.backend, UPSTREAM_ERROR_KIND[rec.error]).inc()
         if rec.disconnect is not None and rec.backend:
@@ -112,16 +101,11 @@ class Metrics:
             self.fallbacks.labels(primary, rec.backend, intent).inc()
         if rec.backend is None:
             return
-        per = self._per_backend.get(rec.backend)
-        if per is None:
-            per = self._per_backend[rec.backend] = (
-                self.ttft.labels(rec.backend), self.tokens.labels(rec.backend, "in"),
-                self.tokens.labels(rec.backend, "out"))
         if rec.ttft_ms is not None:
-            per[0].observe(rec.ttft_ms / 1000)
+            self.ttft.observe(self.ttft.series((rec.backend,)), rec.ttft_ms / 1000)
         if rec.prompt_tokens is not None:
-            per[1].inc(rec.prompt_tokens)
-            per[2].inc(rec.completion_tokens or 0)
+            self.tokens.add((rec.backend, "in"), rec.prompt_tokens)
+            self.tokens.add((rec.backend, "out"), rec.completion_tokens or 0)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

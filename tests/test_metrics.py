@@ -8,9 +8,11 @@ import logging
 import aiohttp
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.app import RunningGateway
+from router.tallies import Spread
 from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
 from tests.test_queueing import send_in_order
 
@@ -93,3 +95,21 @@ async def test_content_logging_is_opt_in(
     line = next(rec.getMessage() for rec in caplog.records if rec.name == "slotgate.access")
     assert orjson.loads(line)["prompt"] == "hello 42"
     await assert_idle(gw)
+
+
+def test_tallied_histogram_buckets_are_inclusive_and_cumulative() -> None:
+    """The plain-Python histogram (router/tallies.py) exposes what prometheus_client's
+    would: `le` bounds inclusive, cumulative counts, +Inf equal to the count."""
+    registry = CollectorRegistry()
+    spread = Spread("t_seconds", "test", ["backend"], (0.01, 0.1))
+    registry.register(spread)
+    series = spread.series(("b",))
+    for seconds in (0.01, 0.0100001, 0.1, 5.0):
+        spread.observe(series, seconds)
+    samples = {(s.name, s.labels.get("le")): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in f.samples}
+    assert samples[("t_seconds_bucket", "0.01")] == 1
+    assert samples[("t_seconds_bucket", "0.1")] == 3
+    assert samples[("t_seconds_bucket", "+Inf")] == samples[("t_seconds_count", None)] == 4
+    assert samples[("t_seconds_sum", None)] == pytest.approx(5.1200001)
