@@ -1,0 +1,173 @@
+"""Two revisions of slotgate side by side, same run: the before/after of a change.
+
+    .venv/bin/python bench/ab.py [--base REV] [--rounds 4] [--seconds 8] [--idle 1000]
+
+`--base` (default HEAD~1) is checked out into a temporary git worktree and served by this
+interpreter with that tree first on sys.path; the other side is this working tree. Both
+get the production-like config of `make bench` (auth, access log, SQLite ledger, intent
+fallback) in front of one mock engine. Per round, in alternating order: wrk at c=64
+(requests/s, server CPU per request). Then, for each side, the memory of N idle
+connections: opened and left silent, and kept alive after one request. Prints medians and
+ratios (after / before). Loopback only; every loop is bounded; every process is stopped.
+
+The gateway runs on CPU 0, wrk and the mock on CPU 1 (when the machine has two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from harness import HOST, free_port
+from peer_configs import slotgate_yaml
+from peers import Fleet, Server
+from suite_load import run_wrk
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "sk-bench-ab-0123456789"
+SERVER_CPU, LOAD_CPU = 0, 1
+ADDRESSES = 20  # idle connections come from 127.0.0.2.. so no per-address cap is the limit
+
+
+def chat_body(tokens: int = 16) -> bytes:
+    import orjson
+
+    return orjson.dumps({"model": "mock", "max_tokens": tokens,
+                         "messages": [{"role": "user", "content": "Say hello."}]})
+
+
+@contextlib.contextmanager
+def base_tree(rev: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="slotgate-ab-") as tmp:
+        tree = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q",
+                        str(tree), rev], check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                            str(tree)], check=False)
+
+
+def start_side(fleet: Fleet, name: str, tree: Path, mock: Server) -> Server:
+    port = free_port()
+    config = fleet.dir / f"{name}.yaml"
+    config.write_text(slotgate_yaml(port, {"primary": mock.url, "small": mock.url},
+                                    ledger=fleet.dir / f"{name}.sqlite3", key=KEY))
+    boot = (f"import sys; sys.path.insert(0, {str(tree)!r}); import router; "
+            f"assert router.__file__.startswith({str(tree)!r}), router.__file__; "
+            "from router.cli import main; sys.exit(main())")
+    server = fleet.start(name, [sys.executable, "-c", boot, "serve", "--config", str(config),
+                                "--log-level", "warning"],
+                         f"http://{HOST}:{port}", "/readyz")
+    server.chat_url = server.url + "/v1/chat/completions"
+    pin(server.popen.pid, SERVER_CPU)
+    return server
+
+
+def pin(pid: int, cpu: int) -> None:
+    if (os.cpu_count() or 1) >= 2:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(pid, {cpu})
+
+
+def throughput(wrk: str, server: Server, seconds: int) -> dict[str, float]:
+    body = chat_body()
+    run_wrk(wrk, server.chat_url, body, f"Bearer {KEY}", 64, 1, {LOAD_CPU})  # warm
+    cpu0 = server.cpu_s()
+    out = run_wrk(wrk, server.chat_url, body, f"Bearer {KEY}", 64, seconds, {LOAD_CPU})
+    cpu = server.cpu_s() - cpu0
+    return {"rps": out["rps"], "cpu_us": cpu / out["requests"] * 1e6, "errors": out["errors"]}
+
+
+def idle_memory(server: Server, count: int, after_request: bool) -> float:
+    """MiB the server's RSS grew by while `count` idle connections are open."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    before = server.rss_mib()
+    socks: list[socket.socket] = []
+    try:
+        for i in range(count):
+            sock = socket.socket()
+            sock.bind((f"127.0.0.{2 + i % ADDRESSES}", 0))
+            sock.connect((host, int(port)))
+            socks.append(sock)
+        if after_request:
+            for sock in socks:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            for sock in socks:
+                sock.settimeout(10)
+                got = b""
+                while b"\r\n\r\n" not in got or not got.endswith(b"}"):
+                    part = sock.recv(4096)
+                    if not part:
+                        raise RuntimeError("the server closed an idle-test connection")
+                    got += part
+        else:
+            time.sleep(0.5)  # let the server accept them all (a bench, not a test)
+        return server.rss_mib() - before
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def median(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="HEAD~1")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--idle", type=int, default=1000)
+    args = parser.parse_args()
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
+        return 2
+    results: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    idle: dict[str, dict[str, float]] = {}
+    with base_tree(args.base) as tree, Fleet() as fleet:
+        mock = fleet.mock()
+        pin(mock.popen.pid, LOAD_CPU)
+        sides = {"before": start_side(fleet, "before", tree, mock),
+                 "after": start_side(fleet, "after", REPO, mock)}
+        for r in range(args.rounds):
+            order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+            for name in order:
+                row = throughput(wrk, sides[name], args.seconds)
+                results[name].append(row)
+                print(f"round {r + 1} {name:6}: {row['rps']:8.0f} req/s  "
+                      f"{row['cpu_us']:6.0f} us/req  errors {row['errors']:.0f}", flush=True)
+        for name, server in sides.items():
+            idle[name] = {"silent": idle_memory(server, args.idle, after_request=False),
+                          "kept_alive": idle_memory(server, args.idle, after_request=True)}
+    out: dict[str, Any] = {}
+    for key in ("rps", "cpu_us"):
+        b, a = median(results["before"], key), median(results["after"], key)
+        spread = {n: (min(r[key] for r in rows), max(r[key] for r in rows))
+                  for n, rows in results.items()}
+        out[key] = (b, a)
+        print(f"{key:7} before {b:8.1f} after {a:8.1f}  ratio x{a / b:.3f}  "
+              f"(rounds: before {spread['before'][0]:.0f}-{spread['before'][1]:.0f}, "
+              f"after {spread['after'][0]:.0f}-{spread['after'][1]:.0f})")
+    for kind in ("silent", "kept_alive"):
+        b, a = idle["before"][kind], idle["after"][kind]
+        print(f"{args.idle} idle connections ({kind}): before +{b:.1f} MiB, after +{a:.1f} MiB"
+              f" ({b * 1024 / args.idle:.1f} / {a * 1024 / args.idle:.1f} KiB each)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
