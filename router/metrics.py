@@ -65,9 +65,11 @@ class Metrics:
         self.tokens = Tally("slotgate_tokens", "Tokens in and out", ["backend", "direction"])
         self.cost = Tally("slotgate_cost", "What answered requests cost, in the config's "
                           "currency", ["backend", "currency"])
-        # Refusals before the caller was known: counted here, never one ledger row each.
-        self.auth_failures = Tally("slotgate_auth_failures", "Requests refused before their "
-                                   "caller was known: no, wrong or duplicate key", ["code"])
+        # Refusals by the key check: counted here (those of unknown callers are no ledger
+        # rows and their access lines are sampled, so this is their exact count).
+        self.auth_failures = Tally("slotgate_auth_failures", "Requests refused by the key "
+                                   "check: no, wrong or duplicate key, or not an admin key",
+                                   ["code"])
         for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
                       self.auth_failures):
             r.register(tally)
