@@ -124,10 +124,12 @@ class Gateway:
         return None
 
     def record(self, rec: RequestRecord) -> None:
-        self.recent.append(rec)
         self.metrics.record(rec, rec.primary)
         if self.keyring.enabled and rec.key_id is None:
-            return  # refused before its caller was known: counted, no ledger row (cheap)
+            # Refused before its caller was known: counted, and nothing else kept (no
+            # ledger row; a flood of them must not push real requests out of `recent`).
+            return
+        self.recent.append(rec)
         if rec.backend is not None and rec.status == 200 and not rec.tokens_estimated:
             model = self.slot_time.get(rec.backend)
             if model is not None:
