@@ -1,7 +1,8 @@
 // The API key a person enters in the page, for a gateway with auth on. It is kept in this
 // tab's sessionStorage only (gone when the tab closes; never localStorage, never a cookie)
 // and sent only as `Authorization: Bearer`, never in a URL, so it stays out of access logs,
-// history and Referer headers.
+// history and Referer headers. The form shows only once the gateway asked for a key (a
+// 401) or while one is set: with auth off the pages look as they always did.
 
 const STORE = "slotgate.key";
 const $ = (id) => document.getElementById(id);
@@ -24,6 +25,7 @@ export function keyForm(changed) {
   const state = $("key-state");
   const show = () => {
     const set = apiKey() !== "";
+    form.hidden = !set && form.dataset.needed === undefined;
     forget.hidden = !set;
     state.textContent = set ? "Key set for this tab." : "";
     input.value = "";
@@ -47,7 +49,9 @@ export function keyForm(changed) {
 
 /** Point the person at the key form (after a 401). */
 export function askForKey() {
-  $("key-form").dataset.needed = "true";
+  const form = $("key-form");
+  form.dataset.needed = "true";
+  form.hidden = false;
   $("api-key").focus();
 }
 

@@ -234,3 +234,23 @@ async def test_the_dashboard_feed_sends_the_key_as_a_header(
     await page.close()
     await gw.app[PAGES].wait_subscribers(0)  # the feed's handler ended with the page
     await assert_idle(gw)
+
+
+async def test_with_auth_off_the_pages_ask_for_no_key(
+    start: StartGateway, browser: Browser
+) -> None:
+    raw = config()
+    del raw["auth"]
+    gw = await start(raw)
+    page = await browser.new_page()
+    page.set_default_timeout(10_000)
+    await page.goto(gw.url + "/")
+    await page.wait_for_function(
+        f"() => document.getElementById('model').value === {orjson.dumps(ROUTE).decode()}")
+    assert await page.is_hidden("#key-form")
+    await page.goto(gw.url + "/dashboard")
+    await page.wait_for_function("() => document.getElementById('conn').dataset.state === 'live'")
+    assert await page.is_hidden("#key-form")
+    await page.close()
+    await gw.app[PAGES].wait_subscribers(0)
+    await assert_idle(gw)
