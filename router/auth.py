@@ -29,8 +29,8 @@ class Caller:
     priority: Priority = Priority.STANDARD
 
 
-# The codes of refusals made before a caller is known (counted in
-# slotgate_auth_failures_total by code; a closed set).
+# The codes of the key check's refusals, counted in slotgate_auth_failures_total by code
+# (a closed set): no or a wrong key, two keys, and a non-admin key on /admin/*.
 AUTH_FAILURES = frozenset({"invalid_api_key", "duplicate_authorization",
                            "insufficient_permissions"})
 
