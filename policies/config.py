@@ -314,6 +314,7 @@ class LedgerConfig(_Model):
     url: str | None = Field(default=None, pattern=r"^postgres(ql)?://", max_length=4096)
     url_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")  # secret
     retention_days: float | None = Field(default=90, gt=0, le=36_500)  # None: keep all
+    max_rows: int | None = Field(default=10_000_000, ge=1, le=10**12)  # None: no size bound
     batch_rows: int = Field(default=500, ge=1, le=100_000)
     flush_interval_s: float = Field(default=0.5, gt=0, le=60)
     max_pending_rows: int = Field(default=100_000, ge=1, le=10_000_000)
@@ -405,9 +406,19 @@ class ApiKeyConfig(_Model):
         return self
 
 
+class Public(enum.StrEnum):
+    """What an operator may open to callers without a key while auth is on."""
+
+    METRICS = "metrics"  # GET /metrics, for a Prometheus scraper
+    MODELS = "models"  # GET /v1/models: the public model (route) names
+    OPENAPI = "openapi"  # GET /openapi.json
+    PAGES = "pages"  # the dashboard's live feed, GET /dashboard/events (live load)
+
+
 class AuthConfig(_Model):
     enabled: bool = False  # off: every client is accepted (said at startup)
     keys: tuple[ApiKeyConfig, ...] = ()
+    public: frozenset[Public] = frozenset()  # answered without a key even with auth on
 
     @model_validator(mode="after")
     def _keys_when_on(self) -> Self:
@@ -422,6 +433,9 @@ class AuthConfig(_Model):
 class LoggingConfig(_Model):
     access: bool = True  # one JSON line per request (logger slotgate.access, level INFO)
     content: bool = False  # add the prompt text the classifier reads to that line
+    # Refusals of callers without a valid key: at most one line per status per interval
+    # (0: every one), carrying the count of lines left out since.
+    refusal_interval_s: float = Field(default=1.0, ge=0, le=3600)
 
 
 class Config(_Model):

@@ -27,7 +27,7 @@ async def reload(request: web.Request) -> web.Response:
 
     gw = request.app[GATEWAY]
     try:
-        gw.keyring.admin(request)
+        admin(request)
         try:
             changes = await reload_file(gw, gw.config_path)
         except ReloadRefused as exc:
@@ -43,10 +43,20 @@ async def report(request: web.Request) -> web.Response:
     """The cost report over the ledger, filtered by ?since=&until=&experiment=&route=,
     compared against ?baseline= (an arm). Rows still buffered are written first."""
     try:
-        request.app[GATEWAY].keyring.admin(request)
+        admin(request)
         return await _report(request)
     except ApiError as err:
         return err.response()
+
+
+def admin(request: web.Request) -> None:
+    """Only an admin key passes (auth on); a refusal is counted like every auth failure."""
+    gw = request.app[GATEWAY]
+    try:
+        gw.keyring.admin(request)
+    except ApiError as err:
+        gw.metrics.auth_failures.add((err.code or "",))
+        raise
 
 
 async def _report(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from policies.config import Config, CoordinationMode
+from policies.config import Config, CoordinationMode, Public
 from policies.quotas import Quotas, period_bounds
 from router import admin, dispatch, pages
 from router.assembly import add_backend, health_check, wire_routes
@@ -99,7 +99,11 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _no_route(request: web.Request) -> web.Response:
     """What no other route takes, answered in OpenAI's shape: 405 (with Allow) when the
     path exists for other methods, else 404. A route of its own, registered last, rather
-    than a middleware: no extra frames on every request's path."""
+    than a middleware: no extra frames on every request's path. With auth on, a caller
+    without a key learns nothing of the paths: 401 first."""
+    gw = request.app[GATEWAY]
+    if gw.keyring.enabled and (refused := gw.guard(request, None)) is not None:
+        return refused
     allowed: set[str] = set()
     for resource in request.app.router.resources():
         if resource is not request.match_info.route.resource:
@@ -113,7 +117,10 @@ async def _no_route(request: web.Request) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
-    config = request.app[GATEWAY].config
+    gw = request.app[GATEWAY]
+    if (refused := gw.guard(request, Public.MODELS)) is not None:
+        return refused
+    config = gw.config
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "slotgate"}
         for name in config.routes
@@ -122,14 +129,20 @@ async def _models(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[GATEWAY].metrics.exposition()
+    gw = request.app[GATEWAY]
+    if (refused := gw.guard(request, Public.METRICS)) is not None:
+        return refused
+    body = gw.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _openapi(request: web.Request) -> web.Response:
     from router.openapi import openapi
 
-    return web.json_response(openapi(request.app[GATEWAY].config), dumps=_dumps)
+    gw = request.app[GATEWAY]
+    if (refused := gw.guard(request, Public.OPENAPI)) is not None:
+        return refused
+    return web.json_response(openapi(gw.config), dumps=_dumps)
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -209,7 +222,8 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     log.info("content logging %s", "ON: prompts appear in the access log"
              if config.logging.content else "off")
     if config.auth.enabled:
-        log.info("auth on: %d client keys", len(config.auth.keys))
+        log.info("auth on: %d client keys; public without a key: %s", len(config.auth.keys),
+                 ", ".join(sorted(config.auth.public)) or "only /healthz and /readyz")
     else:
         log.warning("auth off: every client is accepted, /admin/* included "
                     "(for local use; see auth in docs/CONFIG.md)")

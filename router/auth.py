@@ -2,7 +2,8 @@
 
 Keys are kept only as SHA-256 digests (from the config, or hashed once at startup from an
 environment variable). A presented key is hashed and looked up; the digests are then
-compared in constant time. No key, and no part of one, is ever logged.
+compared in constant time. No key, and no part of one, is ever logged. A request with
+more than one `Authorization` header is refused (400), never read as "the first wins".
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from policies.config import AuthConfig, Priority
+from policies.config import AuthConfig, Priority, Public
 from router.config import ConfigError, ConfigProblem
 from router.openai_api import ApiError
 
@@ -28,9 +29,16 @@ class Caller:
     priority: Priority = Priority.STANDARD
 
 
+# The codes of the key check's refusals, counted in slotgate_auth_failures_total by code
+# (a closed set): no or a wrong key, two keys, and a non-admin key on /admin/*.
+AUTH_FAILURES = frozenset({"invalid_api_key", "duplicate_authorization",
+                           "insufficient_permissions"})
+
+
 class Keyring:
     def __init__(self, config: AuthConfig) -> None:
         self.enabled = config.enabled
+        self.public = config.public
         self._by_digest: dict[bytes, Caller] = {}
         for i, key in enumerate(config.keys):
             if key.sha256 is not None:
@@ -50,13 +58,22 @@ class Keyring:
         """The caller of a request; raises a 401 when auth is on and the key is wrong."""
         if not self.enabled:
             return None
-        auth = request.headers.get("Authorization", "")
+        given = request.headers.getall("Authorization", ())
+        if len(given) > 1:  # two proxies or clients may disagree on which one counts
+            raise ApiError(400, "More than one Authorization header was sent; send one.",
+                           code="duplicate_authorization")
+        auth = given[0] if given else ""
         presented = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         digest = hashlib.sha256(presented.encode(errors="replace")).digest()
         found = self._by_digest.get(digest)
         if not presented or found is None or not hmac.compare_digest(found.digest, digest):
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         return found
+
+    def check(self, request: web.Request, what: Public) -> None:
+        """Endpoints other than the API's: a key is needed unless `what` is public."""
+        if self.enabled and what not in self.public:
+            self.caller(request)
 
     @staticmethod
     def priority(caller: Caller | None, request: web.Request) -> Priority:

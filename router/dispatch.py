@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
@@ -25,6 +26,7 @@ from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_toke
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
+from router.access_log import log_refused
 from router.faults import BackendOpened, backend_failed, retry_after_s, retryable
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
@@ -40,10 +42,11 @@ from router.proxy import SSE_HEADERS, ClientGone, Relay, drain_if_abandoned, for
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.rejections import rejection
 from router.sse import Usage, start_frame
-from router.usage import count_tokens
+from router.usage import CLIENT_CLOSED, count_tokens
 from router.waits import Interrupt, abandon
 
 log = logging.getLogger("slotgate.access")
+errors = logging.getLogger("slotgate.error")
 _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
 
 
@@ -110,12 +113,12 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     except ApiError as err:
         rec.status, rec.error = err.status, err.code
         return await exchange.fail(err)
-    except ClientGone:
-        rec.disconnect = rec.phase
-        return exchange.response or web.Response(status=499)
+    except (ClientGone, ConnectionResetError):
+        rec.disconnect, rec.status = rec.phase, CLIENT_CLOSED
+        return exchange.response or web.Response(status=CLIENT_CLOSED)
     except asyncio.CancelledError:
         if not gw.cutting:
-            rec.disconnect = rec.phase
+            rec.disconnect, rec.status = rec.phase, CLIENT_CLOSED
             raise
         # Shutdown cut it, not its client: say so (in-band once a stream has begun).
         cut = ApiError(503, "The gateway shut down before this answer was complete; retry.",
@@ -124,13 +127,28 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         if exchange.response is not None:
             await exchange.fail(cut)
         raise
+    except HttpProcessingError:  # a body aiohttp could not decode (bad chunking, short)
+        bad = ApiError(400, "The request body could not be read (malformed framing).",
+                       code="invalid_body")
+        rec.status, rec.error = bad.status, bad.code
+        return await exchange.fail(bad)
+    except Exception:
+        # A bug of ours: its traceback logged here, once; the client gets a 500 in
+        # OpenAI's shape, and the status is counted like any other (metrics, log, ledger).
+        errors.exception("internal error on %s (request %s)", endpoint.value, rec.request_id)
+        bug = ApiError(500, "The gateway failed on this request (an internal error, "
+                       "logged); retry.", "server_error", "internal_error")
+        rec.status, rec.error = bug.status, bug.code
+        return await exchange.fail(bug)
     finally:
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
         logs = config.logging
         if logs.access and log.isEnabledFor(logging.INFO):
-            if logs.content and exchange.parsed is not None:  # the operator asked for it
+            if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
+                log_refused(log, gw.refusals, rec, logs.refusal_interval_s)
+            elif logs.content and exchange.parsed is not None:  # the operator asked for it
                 line = {**orjson.loads(orjson.dumps(rec)),
                         "prompt": request_text(exchange.parsed.body)}
                 log.info(orjson.dumps(line).decode())

@@ -14,16 +14,18 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from classifier.model import IntentClassifier
-from policies.config import AuthConfig, Config
+from policies.config import AuthConfig, Config, Public
 from policies.experiments import Experiment
 from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
 from policies.quotas import Quotas
 from policies.slots import SlotPool
+from router.access_log import LogSampler
 from router.auth import Keyring
 from router.faults import BackendHealth
 from router.ledger import Ledger
 from router.metrics import Metrics
+from router.openai_api import ApiError
 from router.proxy import Upstream
 from router.queue_report import QueueReporter
 from router.usage import ledger_row
@@ -62,6 +64,7 @@ class Gateway:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     metrics: Metrics = field(default_factory=Metrics)
+    refusals: LogSampler = field(default_factory=LogSampler)  # access lines of unknown callers
 
     def drain_signal(self) -> asyncio.Future[None]:
         """Resolved when draining starts: queued requests stop waiting on it."""
@@ -107,9 +110,26 @@ class Gateway:
                     await self._idle.wait()
         return self.running
 
+    def guard(self, request: web.Request, what: Public | None) -> web.Response | None:
+        """None when the caller may have `what` (None: any endpoint's key check), else its
+        refusal (401, or 400 for two keys), counted in slotgate_auth_failures_total."""
+        try:
+            if what is None:
+                self.keyring.caller(request)
+            else:
+                self.keyring.check(request, what)
+        except ApiError as err:
+            self.metrics.auth_failures.add((err.code or "",))
+            return err.response()
+        return None
+
     def record(self, rec: RequestRecord) -> None:
-        self.recent.append(rec)
         self.metrics.record(rec, rec.primary)
+        if self.keyring.enabled and rec.key_id is None:
+            # Refused before its caller was known: counted, and nothing else kept (no
+            # ledger row; a flood of them must not push real requests out of `recent`).
+            return
+        self.recent.append(rec)
         if rec.backend is not None and rec.status == 200 and not rec.tokens_estimated:
             model = self.slot_time.get(rec.backend)
             if model is not None:

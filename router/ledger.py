@@ -89,6 +89,11 @@ class Store(Protocol):
         """Delete rows older than `before_ts`; returns how many."""
         ...
 
+    async def trim(self, max_rows: int) -> int:
+        """Delete the oldest rows (by `ts`) beyond the newest `max_rows`; returns how many.
+        Rows sharing the cut's timestamp are kept, so a few more may remain."""
+        ...
+
     async def spent(self, since: float) -> dict[str, tuple[int, float]]:
         """Per key id: the tokens and cost of its requests since `since` (Unix seconds)."""
         ...
@@ -101,11 +106,16 @@ class Ledger:
 
     The buffer is bounded: while the store is unreachable rows are kept up to
     `max_pending`, then the oldest are dropped and counted (never the event loop blocked).
+    The table is bounded by age (`retention_s`) and by size (`max_rows`): both are
+    enforced at start and then hourly, so between two purges it may hold up to an hour's
+    rows beyond `max_rows`.
     """
 
     def __init__(self, store: Store, batch_rows: int = 500, flush_interval_s: float = 0.5,
-                 max_pending: int = 100_000, retention_s: float | None = None) -> None:
+                 max_pending: int = 100_000, retention_s: float | None = None,
+                 max_rows: int | None = None) -> None:
         self.store = store
+        self.max_rows = max_rows
         self.batch_rows = batch_rows
         self.flush_interval_s = flush_interval_s
         self.max_pending = max_pending
@@ -188,12 +198,16 @@ class Ledger:
                 await self._purge()
 
     async def _purge(self) -> None:
-        if self.retention_s is None:
-            return
         try:
-            removed = await self.store.purge(time.time() - self.retention_s)
+            if self.retention_s is not None:
+                removed = await self.store.purge(time.time() - self.retention_s)
+                if removed:
+                    log.info("ledger: removed %d rows older than the retention period",
+                             removed)
+            if self.max_rows is not None:
+                removed = await self.store.trim(self.max_rows)
+                if removed:
+                    log.info("ledger: removed the %d oldest rows beyond max_rows (%d)",
+                             removed, self.max_rows)
         except Exception as exc:  # any store's driver error: purging waits for the next hour
-            log.warning("ledger: retention purge failed (%s: %s)", type(exc).__name__, exc)
-            return
-        if removed:
-            log.info("ledger: removed %d rows older than the retention period", removed)
+            log.warning("ledger: purge failed (%s: %s)", type(exc).__name__, exc)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from router.ledger import COLUMNS, LedgerRow, RowFilter, row_values
-from router.ledger_store import COLUMN_LIST, MIGRATIONS, SPENT, where_clause
+from router.ledger_store import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
 
 _LOCK_KEY = 0x5106_6A7E  # the advisory lock that serialises migrations
 _CONNECT_TIMEOUT_S = 5.0
@@ -63,6 +63,10 @@ class PostgresStore:
     async def purge(self, before_ts: float) -> int:
         status: str = await self._pool.execute("DELETE FROM requests WHERE ts < $1", before_ts)
         return int(status.rsplit(" ", 1)[-1])  # "DELETE <count>"
+
+    async def trim(self, max_rows: int) -> int:
+        status: str = await self._pool.execute(TRIM.format(mark="$1"), max_rows - 1)
+        return int(status.rsplit(" ", 1)[-1])
 
     async def spent(self, since: float) -> dict[str, tuple[int, float]]:
         records = await self._pool.fetch(SPENT.format(mark="$1"), since)

@@ -49,6 +49,10 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "
          "WHERE ts >= {mark} AND key_id IS NOT NULL GROUP BY key_id")
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+# The oldest rows beyond the newest N: the cut is found by walking the ts index from the
+# newest end, so the cost is that of N index entries, not a sort of the table.
+TRIM = ("DELETE FROM requests WHERE ts < (SELECT ts FROM requests ORDER BY ts DESC "
+        "LIMIT 1 OFFSET {mark})")
 
 
 def where_clause(where: RowFilter, mark: Callable[[int], str]) -> tuple[str, list[object]]:
@@ -70,7 +74,7 @@ def open_ledger(config: LedgerConfig) -> Ledger:
     assert target is not None, "no ledger configured"
     retention = config.retention_days * 86_400 if config.retention_days is not None else None
     return Ledger(open_store(target), config.batch_rows, config.flush_interval_s,
-                  config.max_pending_rows, retention)
+                  config.max_pending_rows, retention, config.max_rows)
 
 
 def open_store(target: str) -> Store:
@@ -152,6 +156,14 @@ class SQLiteStore:
                 return self._db.execute("DELETE FROM requests WHERE ts < ?",
                                         (before_ts,)).rowcount
         return await self._call(purge)
+
+    async def trim(self, max_rows: int) -> int:
+        def trim() -> int:
+            assert self._db is not None, "open() first"
+            with self._db:
+                self._db.execute("BEGIN")
+                return self._db.execute(TRIM.format(mark="?"), (max_rows - 1,)).rowcount
+        return await self._call(trim)
 
     async def spent(self, since: float) -> dict[str, tuple[int, float]]:
         def spent() -> dict[str, tuple[int, float]]:

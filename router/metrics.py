@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.auth import AUTH_FAILURES
 from router.tallies import Spread, Tally
 
 if TYPE_CHECKING:
@@ -64,7 +65,13 @@ class Metrics:
         self.tokens = Tally("slotgate_tokens", "Tokens in and out", ["backend", "direction"])
         self.cost = Tally("slotgate_cost", "What answered requests cost, in the config's "
                           "currency", ["backend", "currency"])
-        for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost):
+        # Refusals by the key check: counted here (those of unknown callers are no ledger
+        # rows and their access lines are sampled, so this is their exact count).
+        self.auth_failures = Tally("slotgate_auth_failures", "Requests refused by the key "
+                                   "check: no, wrong or duplicate key, or not an admin key",
+                                   ["code"])
+        for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
+                      self.auth_failures):
             r.register(tally)
 
     def held(self, pool: str, seconds: float) -> None:
@@ -92,7 +99,9 @@ class Metrics:
         backend = rec.backend or "none"
         if rec.status:
             self.requests.add((rec.route or "unknown", backend, f"{rec.status // 100}xx"))
-        if rec.error in UPSTREAM_ERROR_KIND and rec.backend:
+        if rec.error in AUTH_FAILURES:
+            self.auth_failures.add((rec.error,))
+        elif rec.error in UPSTREAM_ERROR_KIND and rec.backend:
             self.upstream_errors.labels(rec.backend, UPSTREAM_ERROR_KIND[rec.error]).inc()
         if rec.disconnect is not None and rec.backend:
             self.disconnects.labels(rec.backend, rec.disconnect.value).inc()

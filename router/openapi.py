@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.config import Config
+from policies.config import Config, Public
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -59,7 +59,7 @@ def openapi(config: Config) -> dict[str, Any]:
     report["get"]["parameters"] = [
         {"name": name, "in": "query", "required": False, "schema": when}
         for name in ("since", "until", "experiment", "route", "baseline")]
-    return {
+    spec: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "slotgate", "version": "0.1.0",
                  "description": "OpenAI-compatible gateway with slot pools and queues"},
@@ -80,3 +80,23 @@ def openapi(config: Config) -> dict[str, Any]:
                                "code": {"type": "string", "nullable": True},
                                "param": {"type": "string", "nullable": True}}}}}}},
     }
+    if config.auth.enabled:
+        _secured(spec, config.auth.public)
+    return spec
+
+
+_PUBLIC_PATHS = {Public.METRICS: "/metrics", Public.MODELS: "/v1/models",
+                 Public.OPENAPI: "/openapi.json", Public.PAGES: "/dashboard/events"}
+
+
+def _secured(spec: dict[str, Any], public: frozenset[Public]) -> None:
+    """Auth on: a bearer key everywhere (401), but on the probes and what is public."""
+    spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    spec["security"] = [{"bearer": []}]
+    open_paths = {"/healthz", "/readyz", *(_PUBLIC_PATHS[what] for what in public)}
+    for path, operations in spec["paths"].items():
+        for operation in operations.values():
+            if path in open_paths:
+                operation["security"] = []
+            else:
+                operation["responses"].update(_errors(401))

@@ -1,6 +1,9 @@
 """The browser side: the queue page, the dashboard and the dashboard's live SSE feed.
 
 Static files come only from router/web (a list taken at startup: no path traversal).
+They carry no data (no route, backend or model name), so they load without a key: a
+person enters one in the page. The data they show comes from endpoints that need the key
+when auth is on (`/v1/models`; the feed unless `auth.public` names `pages`).
 The feed reads pool snapshots and recent records; it never changes gateway state.
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from policies.config import Public
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import ApiError, not_found
 
@@ -113,6 +117,8 @@ def _file(request: web.Request, name: str) -> web.StreamResponse:
 async def _events(request: web.Request) -> web.StreamResponse:
     """`event: pools` at once, then after every change (coalesced), plus a heartbeat."""
     gw, pages = request.app[GATEWAY], request.app[PAGES]
+    if (refused := gw.guard(request, Public.PAGES)) is not None:
+        return refused
     if len(pages.subscribers) >= pages.max_subscribers or pages.closing:
         err = ApiError(503, "Too many dashboards are connected; retry later.",
                        "server_error", "too_many_subscribers")

@@ -2,8 +2,10 @@
 // (position, people ahead, a counting-down ETA, a progress bar), then stream the answer and
 // say which backend answered and why. Cancel aborts the fetch: the gateway sees the
 // disconnect and the ticket leaves the queue at once. Text from the network is only ever
-// set as text (textContent, text nodes), never parsed as HTML.
+// set as text (textContent, text nodes), never parsed as HTML. With auth on, the key a
+// person enters (key.js) goes with every request as `Authorization: Bearer`.
 
+import { askForKey, keyAccepted, keyForm, withKey } from "./key.js";
 import { SSEParser } from "./sse.js";
 
 const $ = (id) => document.getElementById(id);
@@ -79,8 +81,15 @@ async function errorMessage(res) {
 
 async function loadModels() {
   try {
-    const res = await fetch("/v1/models", { headers: { Accept: "application/json" } });
+    const res = await fetch("/v1/models", { headers: withKey({ Accept: "application/json" }) });
+    if (res.status === 401) {
+      ui.model.replaceChildren(new Option("Enter an API key", ""));
+      showError("This gateway needs an API key: enter it at the top of the page.");
+      askForKey();
+      return;
+    }
     if (!res.ok) throw new Error(await errorMessage(res));
+    keyAccepted();
     const body = await res.json();
     const ids = (body.data || []).map((m) => m && m.id).filter((id) => typeof id === "string");
     if (ids.length === 0) {
@@ -303,16 +312,17 @@ async function send(event) {
   try {
     const res = await fetch("/v1/chat/completions", {
       method: "POST",
-      headers: {
+      headers: withKey({
         "Content-Type": "application/json",
         Accept: "text/event-stream",
         "X-Slotgate-Queue-Events": "true",
-      },
+      }),
       body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: prompt }] }),
       signal: run.controller.signal,
     });
     if (!res.ok) {
       run.fail(await errorMessage(res));
+      if (res.status === 401) askForKey();
       return;
     }
     if (!res.body) {
@@ -362,4 +372,5 @@ ui.stop.addEventListener("click", abort);
 ui.prompt.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) ui.form.requestSubmit();
 });
+keyForm(() => { clearError(); loadModels(); });
 loadModels();

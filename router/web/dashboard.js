@@ -1,11 +1,18 @@
 // The live dashboard: one card per slot pool, updated by the gateway's `event: pools`
-// stream (GET /dashboard/events). No polling: EventSource reconnects by itself, and after
-// a refusal (e.g. too many dashboards) we try again a little later. Text only, no HTML.
+// stream (GET /dashboard/events). No polling. The stream is read with fetch(), not
+// EventSource, because EventSource cannot send a header: with auth on, the key a person
+// entered goes as `Authorization: Bearer` (never in the URL). A stream that ends is
+// opened again after a pause; a refusal (e.g. too many dashboards) after a longer one; a
+// 401 waits for a key. Text only, no HTML.
+
+import { askForKey, keyAccepted, keyForm, withKey } from "./key.js";
+import { SSEParser } from "./sse.js";
 
 const $ = (id) => document.getElementById(id);
 const poolsEl = $("pools");
 const conn = $("conn");
-const RETRY_MS = 10000;
+const RETRY_MS = 10000; // after a refusal
+const RECONNECT_MS = 3000; // after a stream that ended or broke (EventSource's pause)
 const MAX_SEGMENTS = 32; // more slots than this: one continuous bar instead of one per slot
 const cards = new Map(); // pool name -> {root, fields...}
 
@@ -150,23 +157,57 @@ function render(pools) {
   if (conn.dataset.state !== "live") setConn("live", "Live");
 }
 
-function connect() {
-  const source = new EventSource("/dashboard/events");
-  source.addEventListener("open", () => setConn("live", "Live"));
-  source.addEventListener("pools", (ev) => {
-    let pools = null;
-    try { pools = JSON.parse(ev.data); } catch { return; }
-    render(pools);
-  });
-  source.addEventListener("error", () => {
-    if (source.readyState === EventSource.CLOSED) {
-      // refused (e.g. 503: too many dashboards): EventSource gives up, so we retry later
-      setConn("down", "Disconnected · retrying in 10 s");
-      setTimeout(connect, RETRY_MS);
-    } else {
-      setConn("connecting", "Reconnecting…");
-    }
-  });
+let feed = null; // the AbortController of the stream being read
+let retry = 0; // the pending reconnect timer
+
+function later(ms) {
+  clearTimeout(retry);
+  retry = setTimeout(connect, ms);
 }
 
+async function connect() {
+  clearTimeout(retry);
+  if (feed !== null) feed.abort();
+  const mine = new AbortController();
+  feed = mine;
+  setConn("connecting", "Connecting…");
+  try {
+    const res = await fetch("/dashboard/events", {
+      headers: withKey({ Accept: "text/event-stream" }), cache: "no-store", signal: mine.signal,
+    });
+    if (res.status === 401) {
+      setConn("down", "Needs an API key: enter it at the top of the page");
+      askForKey();
+      return; // a key entered (keyForm) connects again
+    }
+    if (!res.ok || !res.body) {
+      // refused (e.g. 503: too many dashboards): try again later
+      setConn("down", "Disconnected · retrying in 10 s");
+      later(RETRY_MS);
+      return;
+    }
+    keyAccepted();
+    setConn("live", "Live");
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+    const parser = new SSEParser();
+    for (;;) {
+      const { value, done } = await reader.read();
+      for (const ev of done ? parser.end() : parser.feed(value)) {
+        if (ev.event !== "pools") continue;
+        let pools = null;
+        try { pools = JSON.parse(ev.data); } catch { continue; }
+        render(pools);
+      }
+      if (done) break;
+    }
+  } catch (err) {
+    if (mine.signal.aborted) return; // replaced by a newer connection
+  }
+  if (feed === mine) {
+    setConn("connecting", "Reconnecting…");
+    later(RECONNECT_MS);
+  }
+}
+
+keyForm(connect);
 connect();
