@@ -26,6 +26,7 @@ from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
 from router.faults import BackendOpened, backend_failed, retry_after_s, retryable
+from router.forwarding import Forwarding
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
     ApiError,
@@ -411,7 +412,7 @@ class Exchange:
                 request_id=rec.request_id, response=self.response,
                 extra_headers=self.headers(),
                 max_response_bytes=self.config.server.max_response_bytes, relay=relay,
-                preamble=preamble,
+                preamble=preamble, rules=Forwarding.of(self.config.server),
             ))
             rec.phase = Phase.DONE
             return response
