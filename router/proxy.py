@@ -49,6 +49,16 @@ SSE_HEADERS = {
 }
 
 
+@dataclass(eq=False)
+class EngineError(ApiError):
+    """An error the engine answered itself (its HTTP status in `engine_status`), relayed to
+    the client; `healthy`: the backend's health check made after it, when the status alone
+    cannot tell whose fault it was (router.faults)."""
+
+    engine_status: int = 0
+    healthy: bool | None = None
+
+
 class ClientGone(Exception):
     """The downstream client closed its connection."""
 
@@ -310,7 +320,7 @@ async def _upstream_error(up: Response, name: str,
     """Relay the backend's own error (status and OpenAI-shaped message) when it has one,
     without the backend key. A 401/403 is about the gateway's credentials, not the
     client's: it becomes a 502 that says so, with nothing of the backend's message."""
-    if up.status in (401, 403, 407):
+    if up.status in (401, 403, 407):  # the gateway's config: no engine fault, no retry
         return ApiError(502, f"Backend '{name}' refused the gateway's credentials (HTTP "
                         f"{up.status}); check its api_key_env.", "api_error",
                         "upstream_auth_failed")
@@ -332,4 +342,4 @@ async def _upstream_error(up: Response, name: str,
     headers = {}
     if status == 429 and "Retry-After" in up.headers:
         headers["Retry-After"] = up.headers["Retry-After"]
-    return ApiError(status, message, kind, code, headers=headers)
+    return EngineError(status, message, kind, code, headers=headers, engine_status=up.status)
