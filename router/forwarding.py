@@ -52,6 +52,9 @@ class Forwarding:
 
 
 _cache: dict[int, tuple[ServerConfig, Forwarding]] = {}
+# (peer, scheme, Host) -> the client-address headers written for it (untrusted peers only)
+_addresses: dict[tuple[str | None, str, str | None], list[tuple[str, str]]] = {}
+_MAX_ADDRESSES = 4096
 DEFAULT = Forwarding(DEFAULT_FORWARDED)
 
 
@@ -69,7 +72,16 @@ def forward_headers(
             ("X-Request-Id", request_id))
     if auth:
         out.append(("Authorization", auth))
-    out += _client_address(headers, peer, scheme, rules.trusts(peer))
+    if rules.trusted and rules.trusts(peer):
+        out += _client_address(headers, peer, scheme, True)
+    else:  # the usual case: the same few peers and hosts again and again
+        key = (peer, scheme, headers.get("Host"))
+        address = _addresses.get(key)
+        if address is None:
+            if len(_addresses) >= _MAX_ADDRESSES:
+                _addresses.clear()
+            address = _addresses[key] = _client_address(headers, peer, scheme, False)
+        out += address
     return out
 
 
