@@ -1,5 +1,9 @@
 """A circuit breaker: after `failures` consecutive failures, calls are refused for `open_s`,
 then one probe is let through (half-open); its success closes the circuit. Time is passed in.
+
+Which failures count is decided here too (`Blame`): only the engine's. An engine's error
+answer that a request may have caused (a prompt 500 from a live engine) counts only when
+the engine's health check fails as well.
 """
 
 from __future__ import annotations
@@ -12,6 +16,29 @@ class BreakerState(enum.StrEnum):
     CLOSED = "closed"  # calls go through
     OPEN = "open"  # calls are refused until the probe time
     HALF_OPEN = "half_open"  # one probe is out (one per open_s); its result decides
+
+
+class Blame(enum.StrEnum):
+    """Whose fault an upstream failure is."""
+
+    ENGINE = "engine"  # counts toward the breaker; the request may go to another backend
+    REQUEST = "request"  # never counts, never retried elsewhere (it would fail there too)
+    UNSURE = "unsure"  # the backend's health check decides: counts only if that fails too
+
+
+def blame_status(status: int) -> Blame:
+    """The blame for an engine's own error answer with HTTP `status`. 502/503/504 say the
+    engine (or what fronts it) cannot serve; another 5xx, answered promptly by a live
+    engine, may well come from the request (a body it chokes on); a 4xx is the request's."""
+    if status in (502, 503, 504):
+        return Blame.ENGINE
+    return Blame.UNSURE if status >= 500 else Blame.REQUEST
+
+
+def confirmed_failures(unsure: int, healthy: bool) -> int:
+    """Failures a finished health check adds: each unsure failure it was asked to confirm
+    when the engine fails the check too; none when the check passes."""
+    return 0 if healthy else unsure
 
 
 class CircuitBreaker:

@@ -23,6 +23,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from policies.headers import ForwardHeaders, TrustedProxies
+
 # A key path into the config document, as pydantic spells it: ("routes", "chat", "fallbacks", 1).
 Loc = tuple[str | int, ...]
 
@@ -71,6 +73,8 @@ class ServerConfig(_Model):
     retry_after_min_s: int = Field(default=1, ge=1, le=3600)
     retry_after_max_s: int = Field(default=60, ge=1, le=3600)
     shutdown_timeout_s: PositiveSeconds = 30.0
+    forward_headers: ForwardHeaders = ()  # client headers an engine sees, beyond the built-in
+    trusted_proxies: TrustedProxies = ()  # CIDRs whose X-Forwarded-*/Forwarded are kept
 
     # A field validator rather than a model one: it still runs when another server key is
     # invalid, so a config check reports this problem alongside the others.

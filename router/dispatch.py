@@ -27,12 +27,14 @@ from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
 from router.access_log import log_refused
-from router.faults import BackendOpened, backend_failed, retry_after_s, retryable
+from router.faults import BackendOpened, retry_after_s, retryable
+from router.forwarding import Forwarding
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
     ApiError,
     Endpoint,
     ParsedRequest,
+    check_content_encoding,
     check_content_type,
     parse_request,
     read_body,
@@ -76,6 +78,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         exchange.priority = gw.keyring.priority(caller, request)
         rec.priority = exchange.priority.value
         check_content_type(request)
+        check_content_encoding(request)
         if request.content.is_eof():  # it all came with the headers: no wait, no timer
             raw = await read_body(request, config.server.max_body_bytes)
         else:
@@ -190,7 +193,8 @@ class Exchange:
             try:
                 return await self.serve(parsed, lease)
             except ApiError as err:
-                # Retry on the route's next backend before the first byte, within budget.
+                # Retry on the route's next backend before the first byte, within budget,
+                # unless the request itself caused the failure (it would walk the route).
                 if not retryable(err) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                     raise
                 later = chain[chain.index(lease.pool) + 1:] if lease.pool in chain else []
@@ -220,9 +224,10 @@ class Exchange:
             self.gw.health.succeeded(lease.pool)
             return response
         except ApiError as err:
-            if backend_failed(err):
-                self.gw.health.failed(lease.pool)
-            elif err.status == 429:  # the engine's own backpressure: honour its Retry-After
+            # The engine's faults only; an unsure one waits for the backend's health check
+            # with the slot held, so that a failing engine's queue moves before it frees.
+            await self.gw.health.report(lease.pool, err)
+            if err.status == 429:  # the engine's own backpressure: honour its Retry-After
                 self.gw.health.throttle(lease.pool, retry_after_s(err.headers.get("Retry-After")))
             raise
         finally:
@@ -429,7 +434,7 @@ class Exchange:
                 request_id=rec.request_id, response=self.response,
                 extra_headers=self.headers(),
                 max_response_bytes=self.config.server.max_response_bytes, relay=relay,
-                preamble=preamble,
+                preamble=preamble, rules=Forwarding.of(self.config.server),
             ))
             rec.phase = Phase.DONE
             return response

@@ -1,11 +1,14 @@
 """Backend faults: a circuit breaker per backend, and which failures may be retried.
 
-A failure is the backend's, never the gateway's: refused or timed-out connections, a drop
-or a timeout before the first byte, and 5xx answers. Local rejections (429 queue full,
-queue timeouts) never count. A failed request is retried on the next backend of its route
-only while nothing of the answer has reached the client, and only within a retry budget
-(about a fifth of the requests running, at least 3), so a sick backend cannot double the
-load on the healthy ones.
+Only the engine's failures count against it (`blame`): refused, reset or dropped
+connections, connect/first-byte/idle timeouts, and its 502/503/504 answers. A request's
+own faults never count and are never retried elsewhere: its 4xx, and a 500 (or another
+5xx) answered by a live engine when the backend's health check then passes (the check is
+made once per backend at a time, shared by every failure waiting on it). Local rejections
+(429 queue full, queue timeouts) never count. A failed request is retried on the next
+backend of its route only while nothing of the answer has reached the client, and only
+within a retry budget (about a fifth of the requests running, at least 3), so a sick
+backend cannot double the load on the healthy ones.
 
 When a breaker opens, the requests queued for that backend leave its line and go to the
 route's healthy backends (or get 503). A backend's own 429 is not a failure but
@@ -21,11 +24,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
-from policies.breaker import BreakerState, CircuitBreaker
+from policies.breaker import Blame, BreakerState, CircuitBreaker, blame_status, confirmed_failures
 from policies.config import BackendConfig, Overflow, RouteConfig
 from router.openai_api import ApiError
+from router.proxy import EngineError
 
-# Error codes (router.proxy) that mean the backend failed before answering.
+# Error codes (router.proxy) of a connection that failed: refused, reset, dropped, timed out.
 BACKEND_FAILURES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_dropped"})
 RETRY_SHARE, RETRY_MIN = 0.2, 3
 MAX_THROTTLE_S = 300.0  # an upstream Retry-After is honoured up to this
@@ -34,14 +38,28 @@ log = logging.getLogger("slotgate")
 Probe = Callable[[str], Awaitable[bool]]  # backend name -> does it answer a health check?
 
 
+def blame(err: ApiError) -> Blame:
+    """Whose fault is `err`, an upstream failure? (The gateway's own errors: the request's.)"""
+    if isinstance(err, EngineError):
+        return blame_status(err.engine_status)
+    return Blame.ENGINE if err.code in BACKEND_FAILURES else Blame.REQUEST
+
+
 def backend_failed(err: ApiError) -> bool:
-    """Did the backend itself fail (as opposed to refusing a bad request)?"""
-    return err.code in BACKEND_FAILURES or (err.code == "upstream_error" and err.status >= 500)
+    """Did the backend itself certainly fail (as opposed to refusing a bad request)?"""
+    return blame(err) is Blame.ENGINE
 
 
 def retryable(err: ApiError) -> bool:
-    """May the request go to another backend (nothing was generated for it)?"""
-    return backend_failed(err) or err.status == 429
+    """May the request go to another backend (nothing was generated for it, and it would
+    not fail there the same way)? Not when the engine passed its health check after an
+    unsure failure: the request caused it (`BackendHealth.report` made the check)."""
+    if err.status == 429:
+        return True
+    verdict = blame(err)
+    if verdict is Blame.UNSURE and isinstance(err, EngineError):
+        return not err.healthy
+    return verdict is Blame.ENGINE
 
 
 def retry_after_s(value: str | None, default_s: float = 1.0) -> float:
@@ -65,6 +83,8 @@ class BackendHealth:
         self.retrying = 0
         self.probe: Probe | None = None  # set by the app: an active health check
         self._probers: dict[str, asyncio.Task[None]] = {}
+        # backend -> (its confirmation check, the unsure failures that wait on it)
+        self._confirming: dict[str, tuple[asyncio.Task[bool], list[int]]] = {}
         self._opened: dict[str, asyncio.Future[None]] = {}  # for waiters in its queue
         self._cool_until: dict[str, float] = {}  # backend -> end of its own Retry-After
 
@@ -107,9 +127,10 @@ class BackendHealth:
             await asyncio.shield(task)
 
     async def close(self) -> None:
-        for task in list(self._probers.values()):
+        tasks = [*self._probers.values(), *(t for t, _ in self._confirming.values())]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._probers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def opened(self, name: str) -> asyncio.Future[None]:
         """Resolved when `name`'s breaker next opens."""
@@ -180,6 +201,41 @@ class BackendHealth:
         breaker = self.breakers.get(name)
         if breaker is not None:
             breaker.failure()
+
+    async def report(self, name: str, err: ApiError) -> None:
+        """A request on `name` failed with `err`: count the engine's faults; for an unsure
+        one, wait for the backend's health check, which decides (`err.healthy`)."""
+        verdict = blame(err)
+        if verdict is Blame.ENGINE:
+            self.failed(name)
+        elif verdict is Blame.UNSURE and isinstance(err, EngineError):
+            check = self._confirm(name)
+            if check is not None:  # shielded: shared, and it counts whoever stops waiting
+                err.healthy = await asyncio.shield(check)
+
+    def _confirm(self, name: str) -> asyncio.Task[bool] | None:
+        """One health check per backend at a time, shared by every unsure failure until it
+        ends; none to make (no prober, or an unknown backend): the failure counts."""
+        if self.probe is None or name not in self.breakers:
+            self.failed(name)
+            return None
+        entry = self._confirming.get(name)
+        if entry is None:
+            entry = self._confirming[name] = (
+                asyncio.ensure_future(self._confirmation(name, self.probe)), [0])
+        entry[1][0] += 1
+        return entry[0]
+
+    async def _confirmation(self, name: str, probe: Probe) -> bool:
+        try:
+            healthy = await probe(name)
+        finally:
+            _, waiting = self._confirming.pop(name)
+        for _ in range(confirmed_failures(waiting[0], healthy)):
+            self.failed(name)
+        if not healthy:
+            log.warning("backend %s failed its health check after an error answer", name)
+        return healthy
 
     def may_retry(self, running: int) -> bool:
         return self.retrying < max(RETRY_MIN, int(RETRY_SHARE * running))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.http_exceptions import BadHttpMessage, ContentEncodingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
@@ -31,6 +31,10 @@ def parse_error(exc: BaseException | None, status: int, header_limit: int) -> Ap
                             code="uri_too_long")
         return ApiError(431, f"A request header is longer than {header_limit} bytes.",
                         code="request_header_fields_too_large")
+    if isinstance(exc, ContentEncodingError):  # a coding the parser cannot decode (br, zstd)
+        return ApiError(415, "This Content-Encoding is not supported: send the body as "
+                        "identity, gzip or deflate (one coding).", code="unsupported_media_type",
+                        headers={"Accept-Encoding": "gzip, deflate, identity"})
     if isinstance(exc, BadHttpMessage) and "many headers" in str(exc):
         return ApiError(431, "The request has too many headers.",
                         code="request_header_fields_too_large")

@@ -118,6 +118,28 @@ def check_content_type(request: web.BaseRequest) -> None:
                        code="unsupported_media_type")
 
 
+# Request codings the server's parser inflates itself (aiohttp, a single coding only), the
+# size limit then counting the inflated bytes; "identity" is no coding at all.
+_DECODED = frozenset({"gzip", "deflate"})
+
+
+def check_content_encoding(request: web.BaseRequest) -> None:
+    """415 for a body coding the gateway does not decode (br, zstd, compress, x-gzip,
+    stacked codings...), before any of the body is read. A gzip or deflate body is
+    inflated as it is read and forwarded decoded, without Content-Encoding."""
+    values = request.headers.getall("Content-Encoding", ())
+    if not values:
+        return
+    codings = [c.strip().lower() for v in values for c in v.split(",")]
+    applied = [c for c in codings if c and c != "identity"]
+    if not applied or (len(values) == 1 and len(codings) == 1 and codings[0] in _DECODED):
+        return
+    shown = ", ".join(values)[:100]
+    raise ApiError(415, f"Content-Encoding {shown!r} is not supported: send the body as "
+                   "identity, gzip or deflate (one coding).", code="unsupported_media_type",
+                   headers={"Accept-Encoding": "gzip, deflate, identity"})
+
+
 def parse_request(raw: bytes, endpoint: Endpoint, max_messages: int = 2048) -> ParsedRequest:
     try:
         body = orjson.loads(raw)

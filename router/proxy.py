@@ -19,10 +19,12 @@ from urllib.parse import quote, quote_plus
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
+from multidict import CIMultiDict, MultiMapping
 
 from policies.config import BackendConfig
 from policies.fallback import estimate_tokens
+from policies.headers import HOP_BY_HOP
+from router.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, Usage
 from router.upstream_http import (
@@ -34,19 +36,7 @@ from router.upstream_http import (
 )
 from router.upstream_wire import Target
 
-# RFC 9110 section 7.6.1, plus what must never cross the gateway in either direction.
-_HOP_BY_HOP = frozenset(
-    {
-        "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
-        "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
-    }
-)
-_NOT_FORWARDED = _HOP_BY_HOP | {
-    "host", "content-length", "content-type", "accept-encoding", "authorization",
-    "api-key", "x-api-key", "cookie", "expect",
-    "x-request-id",  # the gateway's own replaces the client's (the same when valid)
-}
-_NOT_RETURNED = _HOP_BY_HOP | {
+_NOT_RETURNED = HOP_BY_HOP | {
     "content-length", "content-encoding", "content-type", "date", "server", "set-cookie",
     "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
 }
@@ -57,6 +47,16 @@ SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
+
+
+@dataclass(eq=False)
+class EngineError(ApiError):
+    """An error the engine answered itself (its HTTP status in `engine_status`), relayed to
+    the client; `healthy`: the backend's health check made after it, when the status alone
+    cannot tell whose fault it was (router.faults)."""
+
+    engine_status: int = 0
+    healthy: bool | None = None
 
 
 class ClientGone(Exception):
@@ -109,25 +109,11 @@ class Relay:
     response: web.StreamResponse | None = None  # the stream, once its headers went out
 
 
-def forward_headers(
-    headers: CIMultiDictProxy[str], upstream: Upstream, request_id: str
-) -> list[tuple[str, str]]:
-    listed = _connection_listed(headers)
-    drop = _NOT_FORWARDED | listed if listed else _NOT_FORWARDED
-    out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
-    out += (("Content-Type", "application/json"), ("Accept-Encoding", "identity"),
-            ("X-Request-Id", request_id))
-    auth = upstream.auth_header()
-    if auth:
-        out.append(("Authorization", auth))
-    return out
-
-
 def returned_headers(headers: MultiMapping[str], secret: str | None = None
                      ) -> dict[str, str]:
     """The backend's headers a client may see: no hop-by-hop ones, none about the
     gateway's own credentials, and none that carry the backend key (an echoing engine)."""
-    listed = _connection_listed(headers)
+    listed = connection_listed(headers)
     drop = _NOT_RETURNED | listed if listed else _NOT_RETURNED
     return {k: v for k, v in headers.items()
             if k.lower() not in drop and not (secret and secret in v)}
@@ -140,13 +126,6 @@ def redact(text: str, secret: str | None) -> str:
     for spelling in (secret, quote(secret, safe=""), quote_plus(secret)):
         text = text.replace(spelling, "[redacted]")
     return text
-
-
-def _connection_listed(headers: MultiMapping[str]) -> frozenset[str]:
-    if "Connection" not in headers:  # the usual case: nothing more to drop
-        return frozenset()
-    listed = headers.getall("Connection", ())
-    return frozenset(name.strip().lower() for value in listed for name in value.split(","))
 
 
 async def drain_if_abandoned(upstream: Upstream, stream: bool,
@@ -194,15 +173,18 @@ async def forward(
     max_response_bytes: int,
     relay: Relay,
     preamble: bytes = b"",
+    rules: Forwarding = DEFAULT,
 ) -> web.StreamResponse:
     """Send `body` upstream and answer the client.
 
     `response` is an already prepared SSE response (a stream that had to queue) or None.
-    `relay` is filled in as the exchange goes. Raises ApiError for upstream failures
-    (the caller answers them, in-band once a stream has begun) and ClientGone.
+    `relay` is filled in as the exchange goes; `rules` say which client headers pass.
+    Raises ApiError for upstream failures (the caller answers them, in-band once a stream
+    has begun) and ClientGone.
     """
     cfg = upstream.config
-    headers = forward_headers(request.headers, upstream, request_id)
+    headers = forward_headers(request.headers, request_id, upstream.auth_header(),
+                              request.remote, request.scheme, rules)
     up: Response | None = None
     done = False
     try:
@@ -338,7 +320,7 @@ async def _upstream_error(up: Response, name: str,
     """Relay the backend's own error (status and OpenAI-shaped message) when it has one,
     without the backend key. A 401/403 is about the gateway's credentials, not the
     client's: it becomes a 502 that says so, with nothing of the backend's message."""
-    if up.status in (401, 403, 407):
+    if up.status in (401, 403, 407):  # the gateway's config: no engine fault, no retry
         return ApiError(502, f"Backend '{name}' refused the gateway's credentials (HTTP "
                         f"{up.status}); check its api_key_env.", "api_error",
                         "upstream_auth_failed")
@@ -360,4 +342,4 @@ async def _upstream_error(up: Response, name: str,
     headers = {}
     if status == 429 and "Retry-After" in up.headers:
         headers["Retry-After"] = up.headers["Retry-After"]
-    return ApiError(status, message, kind, code, headers=headers)
+    return EngineError(status, message, kind, code, headers=headers, engine_status=up.status)

@@ -33,7 +33,9 @@ _DONE = b"data: [DONE]\n\n"
 
 class FaultMode(enum.StrEnum):
     REFUSE = "refuse"  # close the TCP connection without any response
-    ERROR_500 = "error_500"  # answer 500 with an OpenAI-shaped error body
+    ERROR_500 = "error_500"  # answer 500 (OpenAI-shaped); the next health check fails too
+    # 500 for a request the engine chokes on while it stays healthy (its checks pass)
+    REQUEST_500 = "request_500"
     HANG = "hang"  # accept and never answer
     DROP = "drop"  # streams: headers and the first token, then abort; else abort at once
 
@@ -77,6 +79,7 @@ class SimEngine:
         self._hold_after: int | None = None  # pause generations at this many tokens
         self._gate = asyncio.Event()  # set to let paused generations re-check the hold
         self._faults: deque[tuple[FaultMode, int]] = deque()  # (mode, requests left)
+        self.sick = False  # the next GET /v1/models fails (an ERROR_500 answer sets it)
         self._waiters: list[tuple[Callable[[SimEngine], bool], asyncio.Future[None]]] = []
         self._rng = random.Random(spec.seed)
         self._ids = itertools.count(1)
@@ -100,6 +103,7 @@ class SimEngine:
     def reset(self) -> None:
         self.release()
         self._faults.clear()
+        self.sick = False
         self.records.clear()
         self.peak = self.active
 
@@ -214,7 +218,10 @@ class SimEngine:
             if rec.fault is FaultMode.REFUSE or (rec.fault is FaultMode.DROP and not plan.stream):
                 return _abort(request)
             if rec.fault is FaultMode.ERROR_500:
+                self.sick = True
                 return _error(500, "simulated backend failure", "server_error")
+            if rec.fault is FaultMode.REQUEST_500:
+                return _error(500, "simulated failure on this request's input", "server_error")
             if rec.fault is FaultMode.HANG:
                 await asyncio.get_running_loop().create_future()
             if plan.stream:
@@ -376,7 +383,11 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
 
 
 async def _models(request: web.Request) -> web.Response:
-    model = {"id": request.app[SIM_ENGINE].model, "object": "model", "created": 0,
+    engine = request.app[SIM_ENGINE]
+    if engine.sick:  # the failure that made a request 500 shows in the health check too
+        engine.sick = False
+        return _error(503, "simulated backend failure", "server_error")
+    model = {"id": engine.model, "object": "model", "created": 0,
              "owned_by": "slotgate-simulated"}
     return _json({"object": "list", "data": [model]})
 

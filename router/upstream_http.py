@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import select
 import ssl
 from collections import defaultdict, deque
 from collections.abc import Iterable
@@ -56,6 +57,10 @@ class ResponseTimeout(UpstreamError):
         self.first_byte = first_byte
 
 
+class _Surplus(Exception):
+    """Raised in the parser when a second message begins: the answer has ended."""
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: the parser's callbacks, the body buffer, the waiters."""
 
@@ -63,7 +68,7 @@ class _Connection(asyncio.Protocol):
         "answered", "body", "body_waiter", "buffered", "done", "error", "first_byte_by",
         "head_bytes", "head_done", "head_only", "head_raw", "head_waiter", "headers", "idle",
         "idle_s", "idle_since", "interim", "last_data", "loop", "lost", "origin", "parser",
-        "paused", "pool", "raw_headers", "received", "reusable", "status", "transport",
+        "paused", "poller", "pool", "raw_headers", "received", "reusable", "status", "transport",
         "until_close",
     )
     transport: asyncio.Transport
@@ -79,6 +84,7 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.buffered = 0
         self.head_waiter = self.body_waiter = None
+        self.poller: select.poll | None = None  # made at the first reuse
         self._start(False, math.inf, math.inf)
 
     def _start(self, head_only: bool, first_byte_s: float, idle_s: float) -> None:
@@ -193,8 +199,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_begin(self) -> None:
-        if self.done:  # another message after the answer: the engine is confused
-            self.reusable = False
+        if self.done:  # bytes after the answer: never part of it (stops the parser)
+            raise _Surplus("bytes after the end of the response")
 
     def on_status(self, status: bytes) -> None:
         self.head_bytes += len(status) + 15
@@ -412,7 +418,8 @@ class HttpPool:
         while stack:  # LIFO: once one is too old, so are all those under it
             conn = stack.pop()
             conn.idle = False
-            if now - conn.idle_since < self._ttl and not conn.transport.is_closing():
+            if (now - conn.idle_since < self._ttl and not conn.transport.is_closing()
+                    and not _unread(conn)):
                 return conn
             conn.transport.abort()
         return None
@@ -435,3 +442,18 @@ class HttpPool:
         stack = self._idle.get(conn.origin)
         if stack is not None and conn in stack:
             stack.remove(conn)
+
+
+def _unread(conn: _Connection) -> bool:
+    """Has the engine sent anything (bytes, or its close) on this idle connection that the
+    loop has not read yet? An unsolicited answer must never pass for the next request's:
+    one zero-timeout poll per reuse closes the gap between the loop's last poll and this
+    checkout (what arrives after the request is written cannot be told apart)."""
+    poller = conn.poller
+    if poller is None:
+        sock = conn.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poller = conn.poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))

@@ -99,11 +99,18 @@ async def test_an_open_breaker_without_a_fallback_is_503_with_retry_after(
 
 
 def test_what_counts_as_a_backend_failure_and_the_retry_budget() -> None:
-    from router.faults import backend_failed
+    from policies.breaker import Blame
+    from router.faults import backend_failed, blame
+    from router.proxy import EngineError
+
+    def answered(status: int) -> EngineError:
+        return EngineError(status, "x", code="upstream_error", engine_status=status)
 
     assert backend_failed(ApiError(502, "x", code="upstream_unreachable"))
-    assert backend_failed(ApiError(500, "x", code="upstream_error"))
-    assert not backend_failed(ApiError(400, "x", code="upstream_error"))  # a bad request
+    assert all(backend_failed(answered(status)) for status in (502, 503, 504))
+    assert blame(answered(500)) is Blame.UNSURE  # the health check decides
+    for status in (400, 404, 413, 422):  # a bad request
+        assert blame(answered(status)) is Blame.REQUEST
     assert not backend_failed(ApiError(429, "x", code="queue_full"))  # our own refusal
     health = BackendHealth()
     assert health.may_retry(0)  # at least 3 in flight, whatever the load

@@ -8,45 +8,43 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from policies.config import BackendConfig
-from router.proxy import _NOT_FORWARDED, Upstream, forward_headers
+from policies.headers import DEFAULT_FORWARDED, never_forwarded
+from router.forwarding import forward_headers
 from router.sse import EventRelay, Usage
 
 NAMES = st.sampled_from([
     "Authorization", "authorization", "X-Api-Key", "Cookie", "Connection", "Keep-Alive",
     "Transfer-Encoding", "Host", "Content-Length", "Upgrade", "Proxy-Authorization",
     "X-Trace", "X-Custom", "OpenAI-Organization", "User-Agent", "Accept", "X-Hop-Me", "TE",
+    "Traceparent", "Content-Encoding", "X-Forwarded-For", "Forwarded", "X-Slotgate-Arm",
+    "X-Goog-Api-Key", "Anthropic-Api-Key", "X-Auth-Token", "Idempotency-Key",
 ]) | st.from_regex(r"\AX-[A-Za-z]{1,8}\Z")
 VALUES = st.from_regex(r"\A[ -~]{0,40}\Z").map(str.strip)
-
-
-class _NoConnections:
-    """forward_headers never touches the connections."""
-
-
-UPSTREAM = Upstream("big", BackendConfig.model_validate(
-    {"url": "http://engine:8000/v1", "model": "m", "slots": 1}), "http://engine:8000/v1",
-    _NoConnections())  # type: ignore[arg-type]
+# Set by the gateway itself, whatever the client sent.
+GATEWAY_SET = {"content-type", "accept-encoding", "x-request-id", "forwarded",
+               "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"}
 
 
 @settings(max_examples=300)
 @given(st.lists(st.tuples(NAMES, VALUES), max_size=20), st.lists(NAMES, max_size=3))
-def test_forwarded_headers_never_carry_credentials_or_hop_by_hop(
+def test_forwarded_headers_come_from_the_allow_list_only(
     pairs: list[tuple[str, str]], connection_listed: list[str]
 ) -> None:
     headers = CIMultiDict(pairs)
     if connection_listed:
         headers.add("Connection", ", ".join(connection_listed))
-    out = CIMultiDict(forward_headers(CIMultiDictProxy(headers), UPSTREAM, "req-1"))
+    out = CIMultiDict(forward_headers(CIMultiDictProxy(headers), "req-1", None, "10.1.2.3"))
     names = {k.lower() for k in out}
-    dropped = _NOT_FORWARDED | {n.lower() for n in connection_listed}
-    kept = {"content-type", "accept-encoding", "x-request-id"}  # set by the gateway itself
-    assert not (names & dropped) - kept
+    listed = {n.lower() for n in connection_listed}
+    assert names - GATEWAY_SET <= DEFAULT_FORWARDED - listed
+    assert not any(never_forwarded(n) for n in names - GATEWAY_SET)
     assert out.getall("Content-Type") == ["application/json"]
     assert out.getall("X-Request-Id") == ["req-1"]  # the client's own never goes twice
+    assert out.getall("X-Forwarded-For") == ["10.1.2.3"]  # the peer's, never the client's
+    assert out.getall("Forwarded")[0].startswith("for=10.1.2.3;proto=http")
     assert "Authorization" not in out  # this backend has no key: the client's never passes
     for key, value in out.items():
-        if key.lower() not in kept:
+        if key.lower() not in GATEWAY_SET:
             assert (key, value) in pairs or any(
                 k.lower() == key.lower() and v == value for k, v in pairs)
 
