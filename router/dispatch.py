@@ -25,6 +25,7 @@ from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_toke
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
+from router.body import BodyHold, read_held
 from router.faults import BackendOpened, backend_failed, retry_after_s, retryable
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
@@ -33,7 +34,6 @@ from router.openai_api import (
     ParsedRequest,
     check_content_type,
     parse_request,
-    read_body,
     upstream_body,
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, drain_if_abandoned, forward
@@ -73,12 +73,13 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         exchange.priority = gw.keyring.priority(caller, request)
         rec.priority = exchange.priority.value
         check_content_type(request)
-        if request.content.is_eof():  # it all came with the headers: no wait, no timer
-            raw = await read_body(request, config.server.max_body_bytes)
-        else:
-            async with asyncio.timeout(config.server.body_read_timeout_s):
-                raw = await read_body(request, config.server.max_body_bytes)
-        parsed = exchange.parsed = parse_request(raw, endpoint, config.server.max_messages)
+        if caller is not None:  # the key's own limits, checked before its body is read
+            if (refusal := gw.quotas.admit(caller.key_id)) is not None:
+                raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
+                                         refusal.message)
+            rec.quota_held = True
+        raw = await read_held(request, config.server, exchange.hold, exchange.busy)
+        parsed = exchange.parsed = parse_request(raw, endpoint, config.server)
         rec.stream = parsed.stream
         route = config.routes.get(parsed.model)
         if route is None:
@@ -90,11 +91,6 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                            f"window of {window} tokens.", code="context_length_exceeded",
                            param="max_tokens")
         rec.route, rec.primary = parsed.model, route.primary
-        if caller is not None:  # the key's own limits, checked before it takes anything
-            if (refusal := gw.quotas.admit(caller.key_id)) is not None:
-                raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
-                                         refusal.message)
-            rec.quota_held = True
         experiment = gw.experiments.get(parsed.model)
         if experiment is not None:
             key = caller.key_id if caller is not None else rec.tenant
@@ -125,6 +121,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
             await exchange.fail(cut)
         raise
     finally:
+        exchange.hold.release()
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
@@ -141,7 +138,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 class Exchange:
     """The state of one request while it is admitted, queued and forwarded."""
 
-    __slots__ = ("config", "facts", "gw", "parsed", "priority", "rec", "request", "response")
+    __slots__ = ("config", "facts", "gw", "hold", "parsed", "priority", "rec", "request",
+                 "response")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config) -> None:
@@ -153,6 +151,7 @@ class Exchange:
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
         self.parsed: ParsedRequest | None = None
         self.priority = Priority.STANDARD
+        self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes)
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
         health, retry_min = self.gw.health, self.config.server.retry_after_min_s
@@ -443,6 +442,10 @@ class Exchange:
         server = self.config.server
         soonest = min(pool.forecast(1) for pool in pools)
         return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
+
+    def busy(self) -> ApiError:
+        return self.rejection(RejectReason.BODY_BYTES, self.config.server.retry_after_min_s,
+                              None)
 
     def rejection(self, reason: RejectReason, retry_s: int, backend: str | None,
                   message: str | None = None) -> ApiError:

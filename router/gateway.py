@@ -21,6 +21,7 @@ from policies.pricing import SlotTimeModel
 from policies.quotas import Quotas
 from policies.slots import SlotPool
 from router.auth import Keyring
+from router.body import InflightBodies
 from router.faults import BackendHealth
 from router.ledger import Ledger
 from router.metrics import Metrics
@@ -53,6 +54,7 @@ class Gateway:
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off
     quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key caps and budgets
+    bodies: InflightBodies = field(default_factory=InflightBodies)  # request bytes held
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After

@@ -5,6 +5,7 @@ Errors the gateway answers itself (all render as {"error": {message, type, param
     ApiError                    status, type and code given per case:
       400 invalid_request_error bad JSON, missing or malformed fields
       404 invalid_request_error unknown model (code model_not_found)
+      408 invalid_request_error the body did not arrive in time (code request_timeout)
       413 invalid_request_error body over the limit (code request_too_large)
       415 invalid_request_error a body that is not JSON (code unsupported_media_type)
       429 rate_limit_error      every pool and queue full (code queue_full)
@@ -16,11 +17,15 @@ Only what the gateway itself needs is validated; every other field passes throug
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from policies.config import ServerConfig
+from router.json_bounds import check_bounds
 
 
 class Endpoint(enum.StrEnum):
@@ -36,6 +41,7 @@ class ApiError(Exception):
     code: str | None = None
     param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False  # close the connection after this answer
 
     def body(self) -> dict[str, Any]:
         return {
@@ -48,12 +54,15 @@ class ApiError(Exception):
         }
 
     def response(self) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             body=orjson.dumps(self.body()),
             content_type="application/json",
             headers=self.headers,
         )
+        if self.close:
+            response.force_close()
+        return response
 
     def sse_event(self) -> bytes:
         """The in-band form, once a stream's 200 has already been sent."""
@@ -81,8 +90,10 @@ class ParsedRequest:
     queue_events: bool = False  # body asked for named queue events: slotgate.queue_events
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The request body, refusing with 413 before reading past `limit` bytes."""
+async def read_body(request: web.BaseRequest, limit: int,
+                    charge: Callable[[int], None] | None = None) -> bytes:
+    """The request body, refusing with 413 before reading past `limit` bytes; each chunk
+    is passed to `charge` (which may refuse it by raising) before it is kept."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)
@@ -92,6 +103,8 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise _too_large(limit)
+        if charge is not None:
+            charge(len(chunk))
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -118,7 +131,15 @@ def check_content_type(request: web.BaseRequest) -> None:
                        code="unsupported_media_type")
 
 
-def parse_request(raw: bytes, endpoint: Endpoint, max_messages: int = 2048) -> ParsedRequest:
+_DEFAULTS = ServerConfig()
+
+
+def parse_request(raw: bytes, endpoint: Endpoint,
+                  limits: ServerConfig = _DEFAULTS) -> ParsedRequest:
+    """The request in `raw`, within the body limits of `limits` (the `server` settings)."""
+    breach = check_bounds(raw, limits.max_json_depth, limits.max_json_values)
+    if breach is not None:  # before parsing: orjson must neither work for it nor change it
+        raise invalid(breach.message, breach.param)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -135,9 +156,11 @@ def parse_request(raw: bytes, endpoint: Endpoint, max_messages: int = 2048) -> P
         raise invalid("'model' is required and must be a non-empty string.", "model")
 
     if endpoint is Endpoint.CHAT:
-        _check_messages(body.get("messages"), max_messages)
+        _check_messages(body.get("messages"), limits.max_messages)
+        prompts = 1
     else:
-        _check_prompt(body.get("prompt"))
+        prompts = _count_prompts(body.get("prompt"), limits.max_sequences)
+    _check_sequences(body, prompts, limits.max_sequences)
 
     stream = body.get("stream", False)
     if stream is None:
@@ -180,12 +203,43 @@ def _check_messages(messages: object, limit: int) -> None:
             raise invalid(f"'messages[{i}]' must be an object with a string 'role'.", "messages")
 
 
-def _check_prompt(prompt: object) -> None:
+def _count_prompts(prompt: object, cap: int) -> int:
+    """How many prompts `prompt` holds: a string or an array of token ids is one; any
+    other array holds one per item (the engine checks the details)."""
     if isinstance(prompt, str):
+        return 1
+    if not isinstance(prompt, list) or not prompt:
+        raise invalid("'prompt' is required: a string or a non-empty array.", "prompt")
+    if len(prompt) <= cap:
+        return len(prompt)  # within the cap whatever it holds: no need to look inside
+    if set(map(type, prompt)) == {int}:  # C speed, even for a long token array
+        return 1
+    return len(prompt)
+
+
+def _check_sequences(body: dict[str, Any], prompts: int, cap: int) -> None:
+    """One slot is one sequence at the engine: `n` and `best_of` multiply the sequences
+    each prompt generates, so a request asking for more than `cap` is refused."""
+    each = 1
+    param = "prompt"
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise invalid(f"'{name}' must be a positive integer.", name)
+        if value > each:
+            each, param = value, name
+    asked = each * prompts
+    if asked <= cap:
         return
-    if isinstance(prompt, list) and prompt:
-        return  # strings, token arrays or arrays of those: the engine checks the details
-    raise invalid("'prompt' is required: a string or a non-empty array.", "prompt")
+    parts = [f"{param}={each}"] if each > 1 else []
+    if prompts > 1:
+        parts.append(f"{prompts} prompts")
+        param = param if each > 1 else "prompt"
+    raise invalid(f"This request asks for {asked} sequences ({' x '.join(parts)}); the "
+                  f"gateway allows {cap} per request (server.max_sequences), one slot each.",
+                  param)
 
 
 def upstream_body(parsed: ParsedRequest, upstream_model: str) -> bytes:
