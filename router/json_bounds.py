@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 _NUMPY_FROM = 16 * 1024  # below this size, bytes methods beat numpy's per-call overhead
+_FEW_STRINGS = 256  # up to this many, count inside each string rather than locate each comma
 _DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # digit -> "0", else " "
 _DIGIT_RUN = b"0" * 19  # an integer of fewer digits always fits in 64 bits
 _WORD = int.from_bytes(b"\x01" * 8, "little")  # eight digits in a row, as one uint64
@@ -49,16 +50,27 @@ def check_bounds(raw: bytes, max_depth: int, max_values: int) -> Breach | None:
         commas = raw.count(b",") if count_commas else 0
         long_digits = _DIGIT_RUN in raw.translate(_DIGITS)
     else:
-        opens = int(np.count_nonzero((data | 0x20) == 0x7B))  # "[" | 0x20 is "{"
+        opens = int(np.count_nonzero(data == 0x5B) + np.count_nonzero(data == 0x7B))
         commas = int(np.count_nonzero(data == 0x2C)) if count_commas else 0
         long_digits = _has_digit_run(data)
     too_many = opens + commas + 1 > max_values
     if opens <= max_depth and not too_many and not long_digits:
         return None  # the common case: no exact scan
-    scan = _Scan(np.frombuffer(raw, np.uint8) if data is None else data)
-    if too_many and (values := scan.values()) > max_values:
-        return Breach(f"The request body holds about {values} JSON values; the limit is "
-                      f"{max_values} (server.max_json_values).")
+    if data is None:
+        data = np.frombuffer(raw, np.uint8)
+    scan = _Scan(data)
+    if too_many:
+        # With many strings, a flood shows in its first bytes: scan a growing prefix (at
+        # most twice the work of one whole scan), so refusing one costs a fraction of it.
+        end = len(data) if scan.few_strings() else min(len(data), 4 * max_values)
+        while (part := scan if end == len(data) else _Scan(data[:end])).values() <= max_values:
+            if end == len(data):
+                break
+            end = min(len(data), 2 * end)
+        else:
+            del part
+            return Breach(f"The request body holds more than {max_values} JSON values "
+                          "(server.max_json_values).")
     if opens > max_depth and (depth := scan.depth()) > max_depth:
         return Breach(f"The request body nests {depth} levels deep; the limit is "
                       f"{max_depth} (server.max_json_depth).")
@@ -75,8 +87,8 @@ def check_bounds(raw: bytes, max_depth: int, max_values: int) -> Breach | None:
 def _has_digit_run(data: Bytes) -> bool:
     """Whether a run of 15 or more digits may exist (every run of 19 does): such a run
     covers an aligned block of eight bytes, compared as one uint64."""
-    digits = np.zeros(len(data) // 8 * 8 + 8, np.uint8)
-    np.less(data - 48, 10, out=digits[:len(data)], casting="unsafe")  # uint8 wraps
+    # A run of 19 that reaches into the unaligned tail still covers the block before it.
+    digits = (data[:len(data) // 8 * 8] - 48) < 10  # uint8 wraps: only digits are below 10
     return bool(np.any(digits.view(np.uint64) == _WORD))
 
 
@@ -113,15 +125,26 @@ class _Scan:
     def brackets(self) -> tuple[Positions, Positions]:
         """Opening and closing brackets outside strings."""
         if self._brackets is None:
-            folded = self.data | 0x20  # "[" and "]" fold onto "{" and "}"
-            self._brackets = (self.outside(np.flatnonzero(folded == 0x7B)),
-                              self.outside(np.flatnonzero(folded == 0x7D)))
+            data = self.data
+            self._brackets = (self.outside(np.flatnonzero((data == 0x5B) | (data == 0x7B))),
+                              self.outside(np.flatnonzero((data == 0x5D) | (data == 0x7D))))
         return self._brackets
+
+    def few_strings(self) -> bool:
+        return len(self.quotes()) <= 2 * _FEW_STRINGS
 
     def values(self) -> int:
         """About the number of values: commas and opening brackets outside strings, + 1."""
-        commas = self.outside(np.flatnonzero(self.data == 0x2C))
-        return len(self.brackets()[0]) + len(commas) + 1
+        quotes = self.quotes()
+        if not self.few_strings():
+            commas = self.outside(np.flatnonzero(self.data == 0x2C))
+            return len(self.brackets()[0]) + len(commas) + 1
+        # Few strings (long text): count between them, slice by slice.
+        bounds = [-1, *quotes.tolist()]
+        if len(bounds) % 2:  # every string closed: the tail after the last is outside
+            bounds.append(len(self.data))
+        return sum(_separators(self.data[start + 1:end])
+                   for start, end in zip(bounds[::2], bounds[1::2], strict=True)) + 1
 
     def depth(self) -> int:
         opens, closes = self.brackets()
@@ -171,6 +194,12 @@ class _Scan:
             return None
         first = int(found[0])
         return int(starts[first]) - int(negative[first]), int(ends[first])
+
+
+def _separators(data: Bytes) -> int:
+    """Commas and opening brackets in `data`."""
+    return int(np.count_nonzero(data == 0x2C) + np.count_nonzero(data == 0x5B)
+               + np.count_nonzero(data == 0x7B))
 
 
 def _runs(mask: npt.NDArray[np.bool_]) -> tuple[Positions, Positions]:

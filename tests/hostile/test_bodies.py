@@ -150,7 +150,7 @@ def test_an_integer_beyond_64_bits_is_named_with_its_field(number: bytes, pad: i
 def test_value_count_and_depth_beyond_the_limits() -> None:
     many = b'{"model":"m","x":[' + b",".join([b"{}"] * 5000) + b"]}"
     breach = check_bounds(many, 64, 1024)
-    assert breach is not None and "max_json_values" in breach.message
+    assert breach is not None and "more than 1024 JSON values" in breach.message
     assert check_bounds(many, 64, 262_144) is None
     for depth in (65, 300, 1023):
         breach = check_bounds(nested(depth), 64, 262_144)
@@ -185,17 +185,40 @@ def _beyond_64_bits(value: object) -> bool:
             and not -(2**63) <= value <= 2**64 - 1)
 
 
+def _values(value: object) -> int:
+    """Commas and opening brackets outside strings, + 1: what `max_json_values` counts."""
+    if isinstance(value, list | dict):
+        items = list(value.values()) if isinstance(value, dict) else value
+        return max(len(items) - 1, 0) + 1 + sum(_values(v) - 1 for v in items) + 1
+    return 1
+
+
 @settings(max_examples=300, deadline=None)
-@given(JSON_VALUES, st.integers(min_value=2, max_value=8), st.booleans())
-def test_the_scan_agrees_with_a_parser(value: object, limit: int, numpy_path: bool) -> None:
+@given(JSON_VALUES, st.integers(min_value=2, max_value=8), st.integers(min_value=2, max_value=60),
+       st.booleans())
+def test_the_scan_agrees_with_a_parser(value: object, depth_limit: int, values_limit: int,
+                                       numpy_path: bool) -> None:
     pad = "p" * (20_000 if numpy_path else 0)
     doc = {"pad": pad, "v": value}
     raw = json.dumps(doc, indent=None if numpy_path else 1).encode()
-    breach = check_bounds(raw, limit, 4_194_304)
-    deep, big = _depth(doc) > limit, _beyond_64_bits(value)
-    assert (breach is not None) == (deep or big)
-    if breach is not None and not deep:
+    breach = check_bounds(raw, depth_limit, values_limit)
+    many = _values(doc) > values_limit
+    deep, big = _depth(doc) > depth_limit, _beyond_64_bits(value)
+    assert (breach is not None) == (many or deep or big)
+    if many:
+        assert breach is not None and "JSON values" in breach.message
+    elif breach is not None and not deep:
         assert breach.param == "v"
+
+
+@pytest.mark.parametrize("strings", [10, 3000])
+def test_commas_inside_strings_are_not_values(strings: int) -> None:
+    items = ["a,b,c,[d,{e"] * strings
+    raw = orjson.dumps({"model": "m", "x": items, "pad": "," * 300_000})
+    counted = (strings - 1) + 2 + 2 + 1  # commas in the list and the object, 2 opens, + 1
+    assert check_bounds(raw, 64, counted) is None
+    breach = check_bounds(raw, 64, counted - 1)
+    assert breach is not None and "JSON values" in breach.message
 
 
 # --- through the gateway ----------------------------------------------------------------
