@@ -50,6 +50,10 @@ def check_bounds(raw: bytes, max_depth: int, max_values: int) -> Breach | None:
         commas = raw.count(b",") if count_commas else 0
         long_digits = _DIGIT_RUN in raw.translate(_DIGITS)
     else:
+        head = data[:4 * max_values]  # a flood of values shows in its first bytes: say so
+        if len(head) < len(data) and _separators(head) >= max_values:  # before the rest
+            if _Scan(head).values() > max_values:
+                return _too_many(max_values)
         opens = int(np.count_nonzero(data == 0x5B) + np.count_nonzero(data == 0x7B))
         commas = int(np.count_nonzero(data == 0x2C)) if count_commas else 0
         long_digits = _has_digit_run(data)
@@ -63,14 +67,12 @@ def check_bounds(raw: bytes, max_depth: int, max_values: int) -> Breach | None:
         # With many strings, a flood shows in its first bytes: scan a growing prefix (at
         # most twice the work of one whole scan), so refusing one costs a fraction of it.
         end = len(data) if scan.few_strings() else min(len(data), 4 * max_values)
-        while (part := scan if end == len(data) else _Scan(data[:end])).values() <= max_values:
+        while (scan if end == len(data) else _Scan(data[:end])).values() <= max_values:
             if end == len(data):
                 break
             end = min(len(data), 2 * end)
         else:
-            del part
-            return Breach(f"The request body holds more than {max_values} JSON values "
-                          "(server.max_json_values).")
+            return _too_many(max_values)
     if opens > max_depth and (depth := scan.depth()) > max_depth:
         return Breach(f"The request body nests {depth} levels deep; the limit is "
                       f"{max_depth} (server.max_json_depth).")
@@ -82,6 +84,11 @@ def check_bounds(raw: bytes, max_depth: int, max_values: int) -> Breach | None:
         return Breach(f"The integer {shown}{where} does not fit in 64 bits; send it as a "
                       "string.", field)
     return None
+
+
+def _too_many(max_values: int) -> Breach:
+    return Breach(f"The request body holds more than {max_values} JSON values "
+                  "(server.max_json_values).")
 
 
 def _has_digit_run(data: Bytes) -> bool:
