@@ -17,6 +17,7 @@ Only what the gateway itself needs is validated; every other field passes throug
 from __future__ import annotations
 
 import enum
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,7 @@ def check_content_type(request: web.BaseRequest) -> None:
 
 
 _DEFAULTS = ServerConfig()
+_PAUSE_GC_FROM = 64 * 1024  # bytes of body from which parsing pauses the cyclic GC
 
 
 def parse_request(raw: bytes, endpoint: Endpoint,
@@ -141,7 +143,7 @@ def parse_request(raw: bytes, endpoint: Endpoint,
     if breach is not None:  # before parsing: orjson must neither work for it nor change it
         raise invalid(breach.message, breach.param)
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(raw) if len(raw) < _PAUSE_GC_FROM else _loads_without_gc(raw)
     except orjson.JSONDecodeError as exc:
         raise invalid(f"Request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -190,6 +192,19 @@ def parse_request(raw: bytes, endpoint: Endpoint,
     queue_events = isinstance(ours, dict) and ours.get("queue_events") is True
     return ParsedRequest(endpoint, body, model, stream, wants_usage, max_tokens, raw,
                          queue_events)
+
+
+def _loads_without_gc(raw: bytes) -> Any:
+    """orjson.loads with the cyclic GC paused: parsing makes no cycles, and the collections
+    that thousands of new lists and dicts would set off cost more than the parse itself
+    (two thirds of the time for 262,144 small arrays)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return orjson.loads(raw)
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _check_messages(messages: object, limit: int) -> None:
