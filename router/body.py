@@ -67,7 +67,20 @@ async def read_held(request: web.BaseRequest, server: ServerConfig, hold: BodyHo
         async with asyncio.timeout(server.body_read_timeout_s):
             return await read_body(request, server.max_body_bytes, each)
     except TimeoutError:
-        # The connection is closed after this answer: the rest of the body may never come.
+        _close_when_answered(request)
         raise ApiError(408, f"The request body did not arrive within "
                        f"{server.body_read_timeout_s:g} s.", code="request_timeout",
                        close=True) from None
+
+
+def _close_when_answered(request: web.BaseRequest) -> None:
+    """Close the connection as soon as this request's answer is written.
+
+    aiohttp would otherwise keep reading the unread rest of the body for up to 10 s
+    (its lingering close) before closing, and a client that waits for the connection to
+    end would get its answer that late. The handler's task ends once aiohttp has written
+    the answer; closing the transport then flushes it first. A stalled client has sent
+    nothing more, so the close is a FIN, not a reset."""
+    transport, task = request.transport, asyncio.current_task()
+    if transport is not None and task is not None:
+        task.add_done_callback(lambda _: transport.close())

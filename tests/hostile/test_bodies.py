@@ -292,13 +292,17 @@ async def test_a_stalled_body_gets_408_at_the_read_timeout(start: StartGateway) 
         reply = await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES)
         assert reply.choices[0].message.content  # a normal client is served meanwhile
         status, headers, body = await response(reader)
-        elapsed = time.perf_counter() - began
+        answered = time.perf_counter() - began
+        async with asyncio.timeout(30):
+            assert await reader.read() == b""  # then the gateway closes the connection
+        closed = time.perf_counter() - began
     finally:
         await close(writer)
     assert status == 408
     assert_openai_error(body, "invalid_request_error", "request_timeout")
     assert headers["connection"] == "close"
-    assert timeout_s <= elapsed < 5 * timeout_s  # at the deadline, not 10 s later
+    assert timeout_s <= answered < 5 * timeout_s  # at the deadline, not 10 s later
+    assert closed < 5 * timeout_s  # not after aiohttp's 10 s of lingering
     assert any(r.status == 408 for r in gw.gateway.recent)
     await assert_idle(gw)
 
