@@ -25,7 +25,7 @@ from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_toke
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
-from router.body import BodyHold, read_held
+from router.body import BodyHold
 from router.faults import BackendOpened, backend_failed, retry_after_s, retryable
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
@@ -34,6 +34,7 @@ from router.openai_api import (
     ParsedRequest,
     check_content_type,
     parse_request,
+    read_body,
     upstream_body,
 )
 from router.proxy import SSE_HEADERS, ClientGone, Relay, drain_if_abandoned, forward
@@ -78,7 +79,9 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                 raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
                                          refusal.message)
             rec.quota_held = True
-        raw = await read_held(request, config.server, exchange.hold, exchange.busy)
+        server = config.server
+        raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
+                              exchange.hold)
         parsed = exchange.parsed = parse_request(raw, endpoint, config.server)
         rec.stream = parsed.stream
         route = config.routes.get(parsed.model)
@@ -151,7 +154,8 @@ class Exchange:
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
         self.parsed: ParsedRequest | None = None
         self.priority = Priority.STANDARD
-        self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes)
+        self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
+                             gw.bodies_full)
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
         health, retry_min = self.gw.health, self.config.server.retry_after_min_s
@@ -442,10 +446,6 @@ class Exchange:
         server = self.config.server
         soonest = min(pool.forecast(1) for pool in pools)
         return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
-
-    def busy(self) -> ApiError:
-        return self.rejection(RejectReason.BODY_BYTES, self.config.server.retry_after_min_s,
-                              None)
 
     def rejection(self, reason: RejectReason, retry_s: int, backend: str | None,
                   message: str | None = None) -> ApiError:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from classifier.model import IntentClassifier
+from policies.admission import RejectReason
 from policies.config import AuthConfig, Config
 from policies.experiments import Experiment
 from policies.handover import MoveOffers
@@ -25,8 +26,10 @@ from router.body import InflightBodies
 from router.faults import BackendHealth
 from router.ledger import Ledger
 from router.metrics import Metrics
+from router.openai_api import ApiError
 from router.proxy import Upstream
 from router.queue_report import QueueReporter
+from router.rejections import rejection
 from router.usage import ledger_row
 
 if TYPE_CHECKING:
@@ -108,6 +111,11 @@ class Gateway:
                 async with asyncio.timeout(timeout_s):
                     await self._idle.wait()
         return self.running
+
+    def bodies_full(self) -> ApiError:
+        """The answer when the process holds its bound of request bodies."""
+        retry_s = self.config.server.retry_after_min_s
+        return rejection(self.metrics, RejectReason.BODY_BYTES, retry_s, None)
 
     def record(self, rec: RequestRecord) -> None:
         self.recent.append(rec)

@@ -16,9 +16,10 @@ Only what the gateway itself needs is validated; every other field passes throug
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import gc
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ import orjson
 from aiohttp import web
 
 from policies.config import ServerConfig
+from router.body import BodyHold
 from router.json_bounds import check_bounds
 
 
@@ -91,23 +93,52 @@ class ParsedRequest:
     queue_events: bool = False  # body asked for named queue events: slotgate.queue_events
 
 
-async def read_body(request: web.BaseRequest, limit: int,
-                    charge: Callable[[int], None] | None = None) -> bytes:
-    """The request body, refusing with 413 before reading past `limit` bytes; each chunk
-    is passed to `charge` (which may refuse it by raising) before it is kept."""
+async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | None = None,
+                    hold: BodyHold | None = None) -> bytes:
+    """The request body: 413 before reading past `limit` bytes, 408 if it has not all come
+    within `timeout_s`; counted in `hold` (all of a declared length before reading, else
+    chunk by chunk), which may refuse it."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)
+    each = hold
+    if hold is not None and declared is not None:
+        hold.take(declared)
+        each = None
+    content = request.content
+    # No timer when it all came with the headers (the common case).
+    timer: contextlib.nullcontext[None] | asyncio.Timeout = (
+        contextlib.nullcontext() if timeout_s is None or content.is_eof()
+        else asyncio.timeout(timeout_s))
     chunks: list[bytes] = []
     size = 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        if charge is not None:
-            charge(len(chunk))
-        chunks.append(chunk)
+    try:
+        async with timer:
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                if each is not None:
+                    each.take(len(chunk))
+                chunks.append(chunk)
+    except TimeoutError:
+        _close_when_answered(request)
+        raise ApiError(408, f"The request body did not arrive within {timeout_s:g} s.",
+                       code="request_timeout", close=True) from None
     return b"".join(chunks)
+
+
+def _close_when_answered(request: web.BaseRequest) -> None:
+    """Close the connection as soon as this request's answer is written.
+
+    aiohttp would otherwise keep reading the unread rest of the body for up to 10 s
+    (its lingering close) before closing, and a client that waits for the connection to
+    end would get its answer that late. The handler's task ends once aiohttp has written
+    the answer; closing the transport then flushes it first. A stalled client has sent
+    nothing more, so the close is a FIN, not a reset."""
+    transport, task = request.transport, asyncio.current_task()
+    if transport is not None and task is not None:
+        task.add_done_callback(lambda _: transport.close())
 
 
 def _too_large(limit: int) -> ApiError:
