@@ -259,6 +259,8 @@ async def test_integers_reach_the_engine_unchanged_or_are_refused(
         status, body, _ = await post(http, gw, chat()[:-1] + b',"seed":18446744073709551616}')
         assert status == 400 and body["error"]["param"] == "seed"
         assert "18446744073709551616" in body["error"]["message"]
+        status, body, _ = await post(http, gw, chat()[:-1] + b',"temperature":1e400}')
+        assert status == 400  # a float that overflows is not made infinite either
         assert backend.bodies == []
         kept = chat()[:-1] + (b',"seed":18446744073709551615,"low":-9223372036854775808,'
                               b'"vendor_x":{"id":"123456789012345678901234567890"}}')
