@@ -30,6 +30,7 @@ class RejectReason(enum.StrEnum):
     BUDGET = "budget_exceeded"  # the key's token or cost budget for the period
     UNAVAILABLE = "coordination_unavailable"  # the shared pool's Redis is away (fail_closed)
     DRAINING = "draining"  # the gateway is shutting down: retry, another replica answers
+    BODY_BYTES = "inflight_body_bytes"  # the process holds its bound of request bodies
 
 
 @dataclass(frozen=True, slots=True)

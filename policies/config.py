@@ -75,6 +75,15 @@ class ServerConfig(_Model):
     shutdown_timeout_s: PositiveSeconds = 30.0
     forward_headers: ForwardHeaders = ()  # client headers an engine sees, beyond the built-in
     trusted_proxies: TrustedProxies = ()  # CIDRs whose X-Forwarded-*/Forwarded are kept
+    # Bounds on a request's JSON, checked on its bytes before it is parsed (400 beyond);
+    # orjson cannot re-encode past 254 levels, hence the ceiling.
+    max_json_depth: int = Field(default=64, ge=4, le=128)
+    max_json_values: int = Field(default=262_144, ge=1024, le=4_194_304)
+    # Request bodies held in memory across the process (being read, queued, forwarded):
+    # 503 + Retry-After for a body beyond it, before it is read.
+    max_inflight_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1024,
+                                         le=64 * 1024 * 1024 * 1024)
+    max_sequences: int = Field(default=1, ge=1, le=128)  # n x best_of x prompts per request
 
     # A field validator rather than a model one: it still runs when another server key is
     # invalid, so a config check reports this problem alongside the others.
@@ -84,6 +93,14 @@ class ServerConfig(_Model):
         low = info.data.get("retry_after_min_s")
         if isinstance(low, int) and low > value:
             raise ValueError(f"must not be less than retry_after_min_s ({low})")
+        return value
+
+    @field_validator("max_inflight_body_bytes")
+    @classmethod
+    def _holds_one_body(cls, value: int, info: ValidationInfo) -> int:
+        largest = info.data.get("max_body_bytes")
+        if isinstance(largest, int) and largest > value:
+            raise ValueError(f"must not be less than max_body_bytes ({largest})")
         return value
 
 

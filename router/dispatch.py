@@ -27,6 +27,7 @@ from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
 from router.access_log import log_refused
+from router.body import BodyHold
 from router.faults import BackendOpened, retry_after_s, retryable
 from router.forwarding import Forwarding
 from router.gateway import GATEWAY, Gateway
@@ -79,12 +80,15 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.priority = exchange.priority.value
         check_content_type(request)
         check_content_encoding(request)
-        if request.content.is_eof():  # it all came with the headers: no wait, no timer
-            raw = await read_body(request, config.server.max_body_bytes)
-        else:
-            async with asyncio.timeout(config.server.body_read_timeout_s):
-                raw = await read_body(request, config.server.max_body_bytes)
-        parsed = exchange.parsed = parse_request(raw, endpoint, config.server.max_messages)
+        if caller is not None:  # the key's own limits, checked before its body is read
+            if (refusal := gw.quotas.admit(caller.key_id)) is not None:
+                raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
+                                         refusal.message)
+            rec.quota_held = True
+        server = config.server
+        raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
+                              exchange.hold)
+        parsed = exchange.parsed = parse_request(raw, endpoint, config.server)
         rec.stream = parsed.stream
         route = config.routes.get(parsed.model)
         if route is None:
@@ -96,11 +100,6 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                            f"window of {window} tokens.", code="context_length_exceeded",
                            param="max_tokens")
         rec.route, rec.primary = parsed.model, route.primary
-        if caller is not None:  # the key's own limits, checked before it takes anything
-            if (refusal := gw.quotas.admit(caller.key_id)) is not None:
-                raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
-                                         refusal.message)
-            rec.quota_held = True
         experiment = gw.experiments.get(parsed.model)
         if experiment is not None:
             key = caller.key_id if caller is not None else rec.tenant
@@ -144,6 +143,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.status, rec.error = bug.status, bug.code
         return await exchange.fail(bug)
     finally:
+        exchange.hold.release()
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         gw.record(rec)
@@ -162,7 +162,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 class Exchange:
     """The state of one request while it is admitted, queued and forwarded."""
 
-    __slots__ = ("config", "facts", "gw", "parsed", "priority", "rec", "request", "response")
+    __slots__ = ("config", "facts", "gw", "hold", "parsed", "priority", "rec", "request",
+                 "response")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config) -> None:
@@ -174,6 +175,8 @@ class Exchange:
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
         self.parsed: ParsedRequest | None = None
         self.priority = Priority.STANDARD
+        self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
+                             gw.bodies_full)
 
     async def run(self, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
         health, retry_min = self.gw.health, self.config.server.retry_after_min_s

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from classifier.model import IntentClassifier
+from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
 from policies.experiments import Experiment
 from policies.handover import MoveOffers
@@ -22,12 +23,14 @@ from policies.quotas import Quotas
 from policies.slots import SlotPool
 from router.access_log import LogSampler
 from router.auth import Keyring
+from router.body import InflightBodies
 from router.faults import BackendHealth
 from router.ledger import Ledger
 from router.metrics import Metrics
 from router.openai_api import ApiError
 from router.proxy import Upstream
 from router.queue_report import QueueReporter
+from router.rejections import rejection
 from router.usage import ledger_row
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ class Gateway:
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off
     quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key caps and budgets
+    bodies: InflightBodies = field(default_factory=InflightBodies)  # request bytes held
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After
@@ -122,6 +126,11 @@ class Gateway:
             self.metrics.auth_failures.add((err.code or "",))
             return err.response()
         return None
+
+    def bodies_full(self) -> ApiError:
+        """The answer when the process holds its bound of request bodies."""
+        retry_s = self.config.server.retry_after_min_s
+        return rejection(self.metrics, RejectReason.BODY_BYTES, retry_s, None)
 
     def record(self, rec: RequestRecord) -> None:
         self.metrics.record(rec, rec.primary)

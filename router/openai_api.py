@@ -5,6 +5,7 @@ Errors the gateway answers itself (all render as {"error": {message, type, param
     ApiError                    status, type and code given per case:
       400 invalid_request_error bad JSON, missing or malformed fields
       404 invalid_request_error unknown model (code model_not_found)
+      408 invalid_request_error the body did not arrive in time (code request_timeout)
       413 invalid_request_error body over the limit (code request_too_large)
       415 invalid_request_error a body that is not JSON (code unsupported_media_type)
       429 rate_limit_error      every pool and queue full (code queue_full)
@@ -15,12 +16,19 @@ Only what the gateway itself needs is validated; every other field passes throug
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
+import gc
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from policies.config import ServerConfig
+from router.body import BodyHold
+from router.json_bounds import check_bounds
 
 
 class Endpoint(enum.StrEnum):
@@ -36,6 +44,7 @@ class ApiError(Exception):
     code: str | None = None
     param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False  # close the connection after this answer
 
     def body(self) -> dict[str, Any]:
         return {
@@ -48,12 +57,15 @@ class ApiError(Exception):
         }
 
     def response(self) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             body=orjson.dumps(self.body()),
             content_type="application/json",
             headers=self.headers,
         )
+        if self.close:
+            response.force_close()
+        return response
 
     def sse_event(self) -> bytes:
         """The in-band form, once a stream's 200 has already been sent."""
@@ -81,19 +93,52 @@ class ParsedRequest:
     queue_events: bool = False  # body asked for named queue events: slotgate.queue_events
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The request body, refusing with 413 before reading past `limit` bytes."""
+async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | None = None,
+                    hold: BodyHold | None = None) -> bytes:
+    """The request body: 413 before reading past `limit` bytes, 408 if it has not all come
+    within `timeout_s`; counted in `hold` (all of a declared length before reading, else
+    chunk by chunk), which may refuse it."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)
+    each = hold
+    if hold is not None and declared is not None:
+        hold.take(declared)
+        each = None
+    content = request.content
+    # No timer when it all came with the headers (the common case).
+    timer: contextlib.nullcontext[None] | asyncio.Timeout = (
+        contextlib.nullcontext() if timeout_s is None or content.is_eof()
+        else asyncio.timeout(timeout_s))
     chunks: list[bytes] = []
     size = 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with timer:
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                if each is not None:
+                    each.take(len(chunk))
+                chunks.append(chunk)
+    except TimeoutError:
+        _close_when_answered(request)
+        raise ApiError(408, f"The request body did not arrive within {timeout_s:g} s.",
+                       code="request_timeout", close=True) from None
     return b"".join(chunks)
+
+
+def _close_when_answered(request: web.BaseRequest) -> None:
+    """Close the connection as soon as this request's answer is written.
+
+    aiohttp would otherwise keep reading the unread rest of the body for up to 10 s
+    (its lingering close) before closing, and a client that waits for the connection to
+    end would get its answer that late. The handler's task ends once aiohttp has written
+    the answer; closing the transport then flushes it first. A stalled client has sent
+    nothing more, so the close is a FIN, not a reset."""
+    transport, task = request.transport, asyncio.current_task()
+    if transport is not None and task is not None:
+        task.add_done_callback(lambda _: transport.close())
 
 
 def _too_large(limit: int) -> ApiError:
@@ -140,9 +185,18 @@ def check_content_encoding(request: web.BaseRequest) -> None:
                    headers={"Accept-Encoding": "gzip, deflate, identity"})
 
 
-def parse_request(raw: bytes, endpoint: Endpoint, max_messages: int = 2048) -> ParsedRequest:
+_DEFAULTS = ServerConfig()
+_PAUSE_GC_FROM = 64 * 1024  # bytes of body from which parsing pauses the cyclic GC
+
+
+def parse_request(raw: bytes, endpoint: Endpoint,
+                  limits: ServerConfig = _DEFAULTS) -> ParsedRequest:
+    """The request in `raw`, within the body limits of `limits` (the `server` settings)."""
+    breach = check_bounds(raw, limits.max_json_depth, limits.max_json_values)
+    if breach is not None:  # before parsing: orjson must neither work for it nor change it
+        raise invalid(breach.message, breach.param)
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(raw) if len(raw) < _PAUSE_GC_FROM else _loads_without_gc(raw)
     except orjson.JSONDecodeError as exc:
         raise invalid(f"Request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -157,9 +211,11 @@ def parse_request(raw: bytes, endpoint: Endpoint, max_messages: int = 2048) -> P
         raise invalid("'model' is required and must be a non-empty string.", "model")
 
     if endpoint is Endpoint.CHAT:
-        _check_messages(body.get("messages"), max_messages)
+        _check_messages(body.get("messages"), limits.max_messages)
+        prompts = 1
     else:
-        _check_prompt(body.get("prompt"))
+        prompts = _count_prompts(body.get("prompt"), limits.max_sequences)
+    _check_sequences(body, prompts, limits.max_sequences)
 
     stream = body.get("stream", False)
     if stream is None:
@@ -191,6 +247,19 @@ def parse_request(raw: bytes, endpoint: Endpoint, max_messages: int = 2048) -> P
                          queue_events)
 
 
+def _loads_without_gc(raw: bytes) -> Any:
+    """orjson.loads with the cyclic GC paused: parsing makes no cycles, and the collections
+    that thousands of new lists and dicts would set off cost more than the parse itself
+    (two thirds of the time for 262,144 small arrays)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return orjson.loads(raw)
+    finally:
+        if paused:
+            gc.enable()
+
+
 def _check_messages(messages: object, limit: int) -> None:
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' is required and must be a non-empty array.", "messages")
@@ -202,12 +271,43 @@ def _check_messages(messages: object, limit: int) -> None:
             raise invalid(f"'messages[{i}]' must be an object with a string 'role'.", "messages")
 
 
-def _check_prompt(prompt: object) -> None:
+def _count_prompts(prompt: object, cap: int) -> int:
+    """How many prompts `prompt` holds: a string or an array of token ids is one; any
+    other array holds one per item (the engine checks the details)."""
     if isinstance(prompt, str):
+        return 1
+    if not isinstance(prompt, list) or not prompt:
+        raise invalid("'prompt' is required: a string or a non-empty array.", "prompt")
+    if len(prompt) <= cap:
+        return len(prompt)  # within the cap whatever it holds: no need to look inside
+    if set(map(type, prompt)) == {int}:  # C speed, even for a long token array
+        return 1
+    return len(prompt)
+
+
+def _check_sequences(body: dict[str, Any], prompts: int, cap: int) -> None:
+    """One slot is one sequence at the engine: `n` and `best_of` multiply the sequences
+    each prompt generates, so a request asking for more than `cap` is refused."""
+    each = 1
+    param = "prompt"
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise invalid(f"'{name}' must be a positive integer.", name)
+        if value > each:
+            each, param = value, name
+    asked = each * prompts
+    if asked <= cap:
         return
-    if isinstance(prompt, list) and prompt:
-        return  # strings, token arrays or arrays of those: the engine checks the details
-    raise invalid("'prompt' is required: a string or a non-empty array.", "prompt")
+    parts = [f"{param}={each}"] if each > 1 else []
+    if prompts > 1:
+        parts.append(f"{prompts} prompts")
+        param = param if each > 1 else "prompt"
+    raise invalid(f"This request asks for {asked} sequences ({' x '.join(parts)}); the "
+                  f"gateway allows {cap} per request (server.max_sequences), one slot each.",
+                  param)
 
 
 def upstream_body(parsed: ParsedRequest, upstream_model: str) -> bytes:

@@ -44,7 +44,7 @@ def _completion(kind: str, models: list[str]) -> dict[str, Any]:
             "additionalProperties": True}}}},
         "responses": {"200": {"description": "the engine's answer (JSON, or SSE when "
                               "stream is true)"},
-                      **_errors(400, 404, 413, 415, 429, 502, 503, 504)},
+                      **_errors(400, 404, 408, 413, 415, 429, 502, 503, 504)},
     }
 
 

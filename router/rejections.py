@@ -21,6 +21,9 @@ _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {
     RejectReason.UNAVAILABLE: (
         503, "server_error", "The shared slot pool is unavailable (its Redis cannot be "
         "reached); retry later."),
+    RejectReason.BODY_BYTES: (
+        503, "server_error", "The gateway holds as many request bodies as it may; retry "
+        "shortly."),
     RejectReason.CONCURRENCY: (429, "rate_limit_error", "Too many requests at once."),
     RejectReason.BUDGET: (429, "insufficient_quota", "This key's budget is used up."),
 }
