@@ -4,18 +4,26 @@ was wrong (431 for headers, 414 for the request line) instead of aiohttp's plain
 
 aiohttp builds these answers in `RequestHandler.handle_error`, below the application:
 `GatewayRunner` makes its server create connections with `_Handler`, which overrides it.
+`_Handler` also applies the connection limits of `router.connections` (caps, head deadline
+and size) and refuses HTTP/0.9 request lines.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
-from router.openai_api import ApiError
+from policies.config import ServerConfig
+from router.connections import ConnectionGuard, fd_budget
+from router.gateway import GATEWAY
+from router.openai_api import ApiError, check_content_type, too_large
 
 
 def request_line_limit(header_limit: int) -> int:
@@ -40,8 +48,110 @@ def parse_error(exc: BaseException | None, status: int, header_limit: int) -> Ap
     return ApiError(400, "Malformed HTTP request.", code="bad_http_request")
 
 
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` answered with `100 Continue` only once the checks that need
+    no body pass (key, declared size, Content-Type); otherwise with their error, so that a
+    client never sends a body the gateway refuses anyway."""
+    if request.version < HttpVersion11:  # HTTP/1.0 knows no 100: nothing to send
+        return None
+    expect = request.headers.get("Expect", "")
+    try:
+        if expect.lower() != "100-continue":
+            raise ApiError(417, f"Unsupported Expect header: {expect[:100]!r}.",
+                           code="expectation_failed")
+        gw = request.app[GATEWAY]
+        gw.keyring.caller(request)  # 401 for a wrong key
+        declared = request.content_length
+        if declared is not None and declared > gw.config.server.max_body_bytes:
+            raise too_large(gw.config.server.max_body_bytes)
+        check_content_type(request)
+    except ApiError as error:
+        response = error.response()
+        response.force_close()  # the body the client holds back is never read
+        return response
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the answer itself has not begun
+    return None
+
+
 class _Handler(RequestHandler):
-    header_limit = 16 * 1024
+    __slots__ = ("_body", "_client", "_guard", "_head_bytes")
+
+    def __init__(self, manager: _Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = manager.guard
+        self._client: str | None = None  # the address its cap counts against, once admitted
+        # bytes of the request head being received; -1 while a request's body is awaited
+        self._head_bytes = 0
+        self._body: StreamReader | None = None  # the body of the last request parsed
+
+    @property
+    def header_limit(self) -> int:
+        return self._guard.header_limit
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) else ""
+        refusal = self._guard.admit(client)
+        if refusal is not None:  # never handed to aiohttp: connection_lost does nothing
+            self._manager = None
+            self._force_close = True
+            assert isinstance(transport, asyncio.Transport)
+            transport.write(refusal)
+            transport.close()
+            return
+        self._client = client
+        super().connection_made(transport)
+        self._guard.head_started(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._client is not None:
+            self._guard.release(self._client)
+            self._guard.head_done(self)
+            self._client = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_bytes < 0:  # after a head: a body, then the next request's head
+            body = self._body
+            if (body is not None and not body.is_eof()) or self._force_close:
+                super().data_received(data)
+                return
+            self._head_bytes = 0
+            self._guard.head_started(self)
+        parsed = self._request_count
+        super().data_received(data)
+        if self._request_count != parsed:
+            self._heads_complete(self._request_count - parsed)
+        elif self._head_bytes >= 0:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._guard.max_head_bytes:
+                self._refuse(self._guard.head_too_large)
+
+    def _heads_complete(self, count: int) -> None:
+        self._head_bytes = -1
+        self._guard.head_done(self)
+        messages = self._messages
+        for i in range(len(messages) - count, len(messages)):
+            message = messages[i][0]
+            if isinstance(message, RawRequestMessage) and message.version < HttpVersion10:
+                error = BadHttpMessage("HTTP/0.9 is not supported")
+                messages[i] = (_ErrInfo(status=400, exc=error, message=error.message),
+                               EMPTY_PAYLOAD)
+        self._body = messages[-1][1] if messages else None
+
+    def head_expired(self) -> None:
+        """The head deadline passed. Idle (no answer under way): 408 and close. Otherwise a
+        request is being answered, and after it aiohttp's keep-alive timer bounds the wait."""
+        if self._waiter is not None and not self._waiter.done():
+            self._refuse(self._guard.head_timed_out)
+
+    def _refuse(self, answer: bytes) -> None:
+        """Close the connection; with `answer` first when nothing else is being sent."""
+        waiting = self._waiter is not None and not self._waiter.done()
+        if waiting and self.transport is not None:
+            self.transport.write(answer)
+        self.force_close()
 
     def handle_error(self, request: BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
@@ -58,23 +168,32 @@ class _Handler(RequestHandler):
 
 
 class _Server(web.Server):
-    header_limit = 16 * 1024
+    guard: ConnectionGuard
 
     def __call__(self) -> RequestHandler:
-        handler = _Handler(self, loop=self._loop, **self._kwargs)
-        handler.header_limit = self.header_limit
-        return handler
+        return _Handler(self, loop=self._loop, **self._kwargs)
+
+    def pre_shutdown(self) -> None:
+        self.guard.close()
+        super().pre_shutdown()
 
 
 class GatewayRunner(web.AppRunner):
-    """An `AppRunner` whose connections answer parse errors in OpenAI's shape."""
+    """An `AppRunner` whose connections answer parse errors in OpenAI's shape and keep
+    the connection limits of `guard`."""
 
-    def __init__(self, app: web.Application, header_limit: int, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self.header_limit = header_limit
+    def __init__(self, app: web.Application, server: ServerConfig, engine_slots: int,
+                 **kwargs: Any) -> None:
+        super().__init__(app, keepalive_timeout=server.keepalive_timeout_s, **kwargs)
+        self.server_config = server
+        self.engine_slots = engine_slots
+        self.guard: ConnectionGuard | None = None
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # the same server; only its connections' class differs
-        server.header_limit = self.header_limit  # type: ignore[attr-defined]
+        guard = ConnectionGuard(self.server_config, fd_budget(self.engine_slots),
+                                asyncio.get_running_loop())
+        server.guard = guard  # type: ignore[attr-defined]
+        self.guard = guard
         return server

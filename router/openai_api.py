@@ -85,18 +85,18 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     """The request body, refusing with 413 before reading past `limit` bytes."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while chunk := await request.content.readany():
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def _too_large(limit: int) -> ApiError:
+def too_large(limit: int) -> ApiError:
     return ApiError(
         413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large"
     )
