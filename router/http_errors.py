@@ -67,7 +67,8 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         check_content_type(request)
     except ApiError as error:
         response = error.response()
-        response.force_close()  # the body the client holds back is never read
+        response.force_close()
+        request.content.feed_eof()  # the body held back is not awaited: no lingering read
         return response
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the answer itself has not begun
@@ -143,15 +144,27 @@ class _Handler(RequestHandler):
     def head_expired(self) -> None:
         """The head deadline passed. Idle (no answer under way): 408 and close. Otherwise a
         request is being answered, and after it aiohttp's keep-alive timer bounds the wait."""
-        if self._waiter is not None and not self._waiter.done():
+        if self._force_close:  # refused, and the client has not closed since: now we do
+            self.force_close()
+        elif self._waiter is not None and not self._waiter.done():
             self._refuse(self._guard.head_timed_out)
 
     def _refuse(self, answer: bytes) -> None:
-        """Close the connection; with `answer` first when nothing else is being sent."""
+        """Close the connection, with `answer` first when nothing else is being sent.
+        Then only our side is shut, and what the client still sends is dropped until it
+        closes or one more head deadline passes: closing with unread bytes would reset the
+        connection, and the reset would destroy the answer before the client reads it."""
+        transport = self.transport
         waiting = self._waiter is not None and not self._waiter.done()
-        if waiting and self.transport is not None:
-            self.transport.write(answer)
-        self.force_close()
+        if transport is None or not waiting or not transport.can_write_eof():
+            self.force_close()
+            return
+        transport.write(answer)
+        transport.write_eof()
+        self._force_close = True  # aiohttp reads nothing more and ends its handler task
+        if self._waiter is not None:
+            self._waiter.cancel()
+        self._guard.head_started(self)
 
     def handle_error(self, request: BaseRequest, status: int = 500,
                      exc: BaseException | None = None,

@@ -1,0 +1,175 @@
+"""Connection-level attacks on a real gateway over raw loopback sockets: slow and idle
+connections, connection floods (in all and from one address), unfinished heads that
+hold memory. Each one is closed or refused while a normal client is served meanwhile.
+
+Attack connections come from 127.0.0.2 and up (all of 127/8 is loopback on Linux), so
+that the per-address cap sees them apart from the normal client on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from router.app import RunningGateway
+from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+
+
+def config(**server: Any) -> dict[str, Any]:
+    return gateway_config(sim_backend("m", slots=2), server=server)
+
+
+def address(gw: RunningGateway) -> tuple[str, int]:
+    host, port = gw.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+async def connect(gw: RunningGateway, source: str = "127.0.0.1"
+                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection(*address(gw), local_addr=(source, 0))
+
+
+async def answered(reader: asyncio.StreamReader, within_s: float = 30.0) -> bytes:
+    """Everything the gateway sends until it closes the connection."""
+    async with asyncio.timeout(within_s):
+        try:
+            return await reader.read()
+        except ConnectionResetError:
+            return b"<reset>"
+
+
+async def one_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """The head and body of one response on a kept-alive connection."""
+    async with asyncio.timeout(30):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        return head, await reader.readexactly(length)
+
+
+async def served(gw: RunningGateway) -> None:
+    """A normal client (the official SDK, from 127.0.0.1) gets its answer."""
+    async with sdk(gw) as client:
+        answer = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert answer.choices[0].message.content
+
+
+async def test_a_dribbling_head_is_cut_at_the_deadline_while_others_are_served(
+    start: StartGateway,
+) -> None:
+    gw = await start(config(head_timeout_s=1))
+    loop = asyncio.get_running_loop()
+    reader, writer = await connect(gw, "127.0.0.2")
+    began = loop.time()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 10_000
+    read = asyncio.ensure_future(reader.read())
+    sent = 0
+    while not read.done() and sent < len(head):  # one byte every 50 ms: 500 s for it all
+        writer.write(head[sent:sent + 1])
+        sent += 1
+        await asyncio.wait([read], timeout=0.05)
+        if sent == 5:
+            await served(gw)  # served meanwhile
+    async with asyncio.timeout(30):
+        answer = await read + await reader.read()
+    elapsed = loop.time() - began
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:100]
+    assert b'"code":"request_timeout"' in answer
+    assert elapsed < 10, elapsed  # closed within 10x the deadline
+    writer.close()
+    await assert_idle(gw)
+
+
+async def test_a_connection_that_never_sends_is_closed(start: StartGateway) -> None:
+    gw = await start(config(head_timeout_s=1))
+    reader, writer = await connect(gw, "127.0.0.2")
+    assert (await answered(reader)).startswith(b"HTTP/1.1 408 ")
+    writer.close()
+    await assert_idle(gw)
+
+
+async def test_an_idle_kept_alive_connection_is_closed_after_the_timeout(
+    start: StartGateway,
+) -> None:
+    gw = await start(config(keepalive_timeout_s=1, head_timeout_s=30))
+    loop = asyncio.get_running_loop()
+    reader, writer = await connect(gw)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _ = await one_response(reader)
+    assert head.startswith(b"HTTP/1.1 200 ")
+    idle_since = loop.time()
+    assert await answered(reader) == b""  # closed without a word
+    assert 0.9 <= loop.time() - idle_since < 10
+    writer.close()
+    await assert_idle(gw)
+
+
+async def test_one_address_cannot_take_every_connection(start: StartGateway) -> None:
+    gw = await start(config(max_connections_per_client=5, head_timeout_s=60))
+    held = [await connect(gw, "127.0.0.2") for _ in range(5)]
+    for reader, writer in held:  # each one admitted and answered, then kept alive
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await one_response(reader))[0].startswith(b"HTTP/1.1 200 ")
+    reader, writer = await connect(gw, "127.0.0.2")
+    answer = await answered(reader)
+    assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
+    assert b"Retry-After: " in answer and b'"code":"too_many_connections"' in answer
+    writer.close()
+    await served(gw)  # another address still gets through
+    for _, writer in held:
+        writer.close()
+    await assert_idle(gw)
+
+
+async def test_the_total_cap_holds_and_slow_heads_give_their_places_back(
+    start: StartGateway,
+) -> None:
+    gw = await start(config(max_connections=20, max_connections_per_client=5,
+                            head_timeout_s=3))
+    held = []
+    for i in range(20):  # four addresses, five each: the total cap is full
+        reader, writer = await connect(gw, f"127.0.0.{2 + i // 5}")
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await one_response(reader))[0].startswith(b"HTTP/1.1 200 ")
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # and no more
+        held.append((reader, writer))
+    assert gw.runner.guard is not None and gw.runner.guard.open == 20  # type: ignore[attr-defined]
+    reader, writer = await connect(gw, "127.0.0.9")
+    assert (await answered(reader)).startswith(b"HTTP/1.1 503 ")
+    writer.close()
+    for reader, writer in held:  # the head deadline frees every place
+        assert (await answered(reader)).startswith(b"HTTP/1.1 408 ")
+        writer.close()
+    await served(gw)
+    await assert_idle(gw)
+
+
+async def test_a_head_over_max_head_bytes_gets_431(start: StartGateway) -> None:
+    gw = await start(config(max_header_bytes=4096, max_head_bytes=8192))
+    reader, writer = await connect(gw, "127.0.0.2")
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    for i in range(64):  # each header under its own limit, the head over the total
+        writer.write(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000))
+    answer = await answered(reader)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
+    assert b'"code":"request_header_fields_too_large"' in answer
+    writer.close()
+    await served(gw)
+    await assert_idle(gw)
+
+
+async def test_a_body_sent_with_its_head_does_not_count_as_head(start: StartGateway) -> None:
+    gw = await start(config(max_header_bytes=4096, max_head_bytes=8192))
+    pad = "a" * 200_000  # far over max_head_bytes, in the same writes as the head
+    body = b'{"model":"chat","messages":[{"role":"user","content":"%s"}]}' % pad.encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+    reader, writer = await connect(gw)
+    for _ in range(2):  # and on a kept-alive connection, the next one too
+        writer.write(request + body)
+        head, _ = await one_response(reader)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+    writer.close()
+    await assert_idle(gw)
