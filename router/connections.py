@@ -23,9 +23,13 @@ _FD_RESERVE = 64
 
 
 class Awaited(Protocol):
-    """A connection whose request head is awaited."""
+    """A connection whose request head is awaited, or whose half-closed client is probed."""
 
     def head_expired(self) -> None: ...
+
+    def probe(self) -> bool:
+        """Probe the client once; False when no more probes are wanted."""
+        ...
 
 
 def raw_response(error: ApiError) -> bytes:
@@ -63,6 +67,7 @@ class ConnectionGuard:
         self.open = 0
         self.per_client: dict[str, int] = {}
         self._heads: dict[Awaited, float] = {}  # insertion order is deadline order
+        self._probed: set[Awaited] = set()  # half-closed clients awaiting their answer
         self._tick = min(1.0, self.head_timeout / 4)  # how late a deadline may fire
         self._ticker: asyncio.TimerHandle | None = None
         retry = str(max(1, round(self.head_timeout)))
@@ -106,6 +111,14 @@ class ConnectionGuard:
     def head_done(self, conn: Awaited) -> None:
         self._heads.pop(conn, None)
 
+    def probe_each_tick(self, conn: Awaited) -> None:
+        self._probed.add(conn)
+        if self._ticker is None:
+            self._ticker = self._loop.call_later(self._tick, self._expire)
+
+    def probe_done(self, conn: Awaited) -> None:
+        self._probed.discard(conn)
+
     @property
     def heads_awaited(self) -> int:
         return len(self._heads)
@@ -121,10 +134,14 @@ class ConnectionGuard:
         for conn in expired:
             del self._heads[conn]
             conn.head_expired()
-        self._ticker = loop.call_later(self._tick, self._expire) if self._heads else None
+        for conn in [conn for conn in self._probed if not conn.probe()]:
+            self._probed.discard(conn)
+        busy = self._heads or self._probed
+        self._ticker = loop.call_later(self._tick, self._expire) if busy else None
 
     def close(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
         self._heads.clear()
+        self._probed.clear()

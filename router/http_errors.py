@@ -11,7 +11,7 @@ and size) and refuses HTTP/0.9 request lines.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
@@ -76,7 +76,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 
 
 class _Handler(RequestHandler):
-    __slots__ = ("_body", "_client", "_guard", "_head_bytes")
+    __slots__ = ("_body", "_client", "_guard", "_head_bytes", "_http11")
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -85,6 +85,7 @@ class _Handler(RequestHandler):
         # bytes of the request head being received; -1 while a request's body is awaited
         self._head_bytes = 0
         self._body: StreamReader | None = None  # the body of the last request parsed
+        self._http11 = False  # the last request parsed was HTTP/1.1: a 1xx may be sent
 
     @property
     def header_limit(self) -> int:
@@ -97,9 +98,9 @@ class _Handler(RequestHandler):
         if refusal is not None:  # never handed to aiohttp: connection_lost does nothing
             self._manager = None
             self._force_close = True
-            assert isinstance(transport, asyncio.Transport)
-            transport.write(refusal)
-            transport.close()
+            writable = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+            writable.write(refusal)
+            writable.close()
             return
         self._client = client
         super().connection_made(transport)
@@ -109,6 +110,7 @@ class _Handler(RequestHandler):
         if self._client is not None:
             self._guard.release(self._client)
             self._guard.head_done(self)
+            self._guard.probe_done(self)
             self._client = None
         super().connection_lost(exc)
 
@@ -139,7 +141,55 @@ class _Handler(RequestHandler):
                 error = BadHttpMessage("HTTP/0.9 is not supported")
                 messages[i] = (_ErrInfo(status=400, exc=error, message=error.message),
                                EMPTY_PAYLOAD)
-        self._body = messages[-1][1] if messages else None
+        if messages:
+            message, self._body = messages[-1]
+            self._http11 = isinstance(message, RawRequestMessage) and \
+                message.version >= HttpVersion11
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
+        """The client shut its side. After a complete request with no answer begun, that is
+        a half-close (the client waits for its answer) or a full close (it left), and only
+        a write tells them apart. So the connection stays open, and the client is probed
+        with an interim `102 Processing` (which HTTP/1.1 clients skip) now and on each tick
+        until the answer begins: one that left answers the probe with a reset, a following
+        write fails, and the handler is cancelled as on any disconnect. Otherwise (idle, a
+        body still missing, an answer under way, HTTP/1.0 which knows no 1xx) the
+        connection closes as before."""
+        if self._unanswered() is not True:
+            return None
+        self._guard.probe_each_tick(self)
+        self._write_probe()
+        self._write_probe()  # a peer that left on loopback has reset already: this fails
+        return True
+
+    def probe(self) -> bool:
+        state = self._unanswered()
+        if state is None:  # answered (or closed): nothing more to read on it, so close
+            self.force_close()
+            return False
+        if state:
+            self._write_probe()
+        return True  # an answer under way finds out by its own writes
+
+    def _unanswered(self) -> bool | None:
+        """True: a request is complete and nothing of its answer sent; False: an answer is
+        being sent; None: idle, closed, or not a case for probing."""
+        if self._force_close or self.transport is None or not self._http11:
+            return None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            return None  # waiting for a next request
+        body = self._body
+        if body is not None and not body.is_eof():
+            return None
+        if not self._request_in_progress:
+            return True  # parsed, its handler about to start
+        request = self._current_request
+        return request is not None and request.writer.output_size == 0
+
+    def _write_probe(self) -> None:
+        if self.transport is not None:
+            self.transport.write(b"HTTP/1.1 102 Processing\r\n\r\n")
 
     def head_expired(self) -> None:
         """The head deadline passed. Idle (no answer under way): 408 and close. Otherwise a

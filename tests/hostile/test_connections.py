@@ -11,10 +11,27 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from router.app import RunningGateway
 from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
+
+# Overriding pytest-asyncio's `event_loop_policy` fixture (deprecated): its replacement
+# hook would apply to the whole folder, not to these files' tests alone.
+BOTH_LOOPS = pytest.mark.filterwarnings(
+    "ignore:Overriding the \"event_loop_policy\" fixture:DeprecationWarning")
+pytestmark = BOTH_LOOPS
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def event_loop_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLoopPolicy:
+    """Every test here runs on both loops: `slotgate serve` uses uvloop, tests asyncio."""
+    if request.param == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        return uvloop.EventLoopPolicy()  # type: ignore[no-any-return]
+    return asyncio.DefaultEventLoopPolicy()
 
 
 def config(**server: Any) -> dict[str, Any]:
