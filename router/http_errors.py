@@ -115,21 +115,29 @@ class _Handler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._force_close:  # closing, or refused: what the client still sends is dropped
+            return
         if self._head_bytes < 0:  # after a head: a body, then the next request's head
             body = self._body
-            if (body is not None and not body.is_eof()) or self._force_close:
+            if body is not None and not body.is_eof():
                 super().data_received(data)
                 return
             self._head_bytes = 0
             self._guard.head_started(self)
+        room = self._guard.max_head_bytes - self._head_bytes
+        if len(data) > room:  # the parser gets no more than the head may hold, then...
+            self.data_received(data[:room])  # copies: only on this rare path
+            if self._head_bytes < 0 and not self._force_close:  # ...the rest if it ended
+                self.data_received(data[room:])
+            elif not self._force_close:
+                self._refuse(self._guard.head_too_large)
+            return
         parsed = self._request_count
         super().data_received(data)
         if self._request_count != parsed:
             self._heads_complete(self._request_count - parsed)
-        elif self._head_bytes >= 0:
+        else:
             self._head_bytes += len(data)
-            if self._head_bytes > self._guard.max_head_bytes:
-                self._refuse(self._guard.head_too_large)
 
     def _heads_complete(self, count: int) -> None:
         self._head_bytes = -1
