@@ -31,6 +31,10 @@ class Awaited(Protocol):
         """Probe the client once; False when no more probes are wanted."""
         ...
 
+    def evict(self) -> bool:
+        """Close the connection if no answer is under way on it; whether it was."""
+        ...
+
 
 def raw_response(error: ApiError) -> bytes:
     """`error` as a complete HTTP/1.1 answer that closes the connection, written straight
@@ -86,11 +90,11 @@ class ConnectionGuard:
 
     def admit(self, client: str) -> bytes | None:
         """Count a new connection from `client`, or the answer that refuses it."""
-        if self.open >= self.max_connections:
-            return self.busy
         held = self.per_client.get(client, 0)
         if held >= self.max_per_client:
             return self.busy_client
+        if self.open >= self.max_connections and not self._evict_stalled():
+            return self.busy
         self.open += 1
         self.per_client[client] = held + 1
         return None
@@ -100,6 +104,23 @@ class ConnectionGuard:
         held = self.per_client.pop(client) - 1
         if held:
             self.per_client[client] = held
+
+    def _evict_stalled(self) -> bool:
+        """Close the connection that has waited longest for its request head, if that is
+        more than a tick: when every place is taken by slow heads, a newcomer still gets in
+        (and it sends its head at once, so it is the last to be evicted in turn)."""
+        started_before = self._loop.time() - self._tick + self.head_timeout
+        victim = None
+        for scanned, (conn, deadline) in enumerate(self._heads.items()):
+            if deadline > started_before or scanned == 8:  # bounded: admit stays O(1)
+                return False
+            if conn.evict():
+                victim = conn
+                break
+        if victim is None:
+            return False
+        del self._heads[victim]
+        return True
 
     def head_started(self, conn: Awaited) -> None:
         heads = self._heads

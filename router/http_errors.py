@@ -207,6 +207,13 @@ class _Handler(RequestHandler):
         elif self._waiter is not None and not self._waiter.done():
             self._refuse(self._guard.head_timed_out)
 
+    def evict(self) -> bool:
+        idle = self._waiter is not None and not self._waiter.done()
+        if not (idle or self._force_close):  # an answer under way: leave it
+            return False
+        self.force_close()  # no 408: a stalled head makes room, at once
+        return True
+
     def _refuse(self, answer: bytes) -> None:
         """Close the connection, with `answer` first when nothing else is being sent.
         Then only our side is shut, and what the client still sends is dropped until it
