@@ -208,6 +208,10 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
         log.info("route %s -> %s%s, overflow %s, intent fallback %s", name, route.primary,
                  "".join(f" | {f}" for f in route.fallbacks), route.overflow.value,
                  route.fallback.when.value)
+    if runner.guard is not None:
+        log.info("connections: at most %d open, %d per client address; heads within %g s",
+                 runner.guard.max_connections, runner.guard.max_per_client,
+                 runner.guard.head_timeout)
     log.info("content logging %s", "ON: prompts appear in the access log"
              if config.logging.content else "off")
     if config.auth.enabled:

@@ -4,7 +4,8 @@ head. `ConnectionGuard` is one per server; `router.http_errors._Handler` calls i
 
 One coarse ticker serves every head deadline (no timer per connection or per request):
 the heads awaited are kept in a dict in the order they began, which is the order of their
-deadlines, so a tick looks only at the ones that expired.
+deadlines, so a tick looks only at the ones that expired, and the oldest is the one a full
+house evicts. The same ticker probes half-closed clients still waiting for their answer.
 """
 
 from __future__ import annotations

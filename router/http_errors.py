@@ -120,7 +120,10 @@ class _Handler(RequestHandler):
         if self._head_bytes < 0:  # after a head: a body, then the next request's head
             body = self._body
             if body is not None and not body.is_eof():
+                parsed = self._request_count
                 super().data_received(data)
+                if self._request_count != parsed:  # pipelined heads after the body's end
+                    self._heads_complete(self._request_count - parsed)
                 return
             self._head_bytes = 0
             self._guard.head_started(self)

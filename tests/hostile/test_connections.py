@@ -206,6 +206,10 @@ async def test_a_body_sent_with_its_head_does_not_count_as_head(start: StartGate
         writer.write(request + body)
         head, _ = await one_response(reader)
         assert head.startswith(b"HTTP/1.1 200 "), head
+    writer.write((request + body) * 3)  # pipelined: heads and bodies in the same reads
+    for _ in range(3):
+        head, _ = await one_response(reader)
+        assert head.startswith(b"HTTP/1.1 200 "), head
     writer.close()
     await assert_idle(gw)
 
