@@ -9,6 +9,7 @@ that the per-address cap sees them apart from the normal client on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -16,10 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
+from openai import AsyncOpenAI
 
 from router.app import RunningGateway
 from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
-from tests.test_distributed import GatewayProcess
+from tests.test_distributed import SLOTGATE, GatewayProcess
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -259,3 +261,59 @@ async def test_unfinished_heads_leave_memory_flat(tmp_path: Path) -> None:
         assert answer.choices[0].message.content
     finally:
         await gateway.stop(signal.SIGKILL)
+
+
+async def test_a_flood_under_a_low_open_file_limit_leaves_normal_clients_served(
+    tmp_path: Path,
+) -> None:
+    """The issue's slowloris in miniature: a `slotgate serve` process limited to 256 open
+    files, 300 connections from four addresses that send part of a head and stall."""
+    if not isinstance(asyncio.get_event_loop_policy(), asyncio.DefaultEventLoopPolicy):
+        pytest.skip("the gateway is a `slotgate serve` process: its loop is uvloop either way")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({**config(head_timeout_s=8), "logging": {"access": False}}),
+                    encoding="utf-8")
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = await asyncio.create_subprocess_exec(
+        SLOTGATE, "serve", "--config", str(path), "--port", "0", cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        preexec_fn=low_limit)
+    assert proc.stdout is not None
+    try:
+        lines = []
+        async with asyncio.timeout(30):
+            while b"listening on" not in (line := await proc.stdout.readline()):
+                assert line, b"".join(lines)
+                lines.append(line)
+        assert any(b"at most 188 open" in line for line in lines), lines  # 256 - 64 - 2*2
+        url = line.decode().split("listening on ")[1].split()[0]
+        drain = asyncio.create_task(proc.stdout.read())
+        host, port = url.removeprefix("http://").split(":")
+        stalled = []
+        for i in range(300):
+            reader, writer = await asyncio.open_connection(
+                host, int(port), local_addr=(f"127.0.0.{2 + i % 4}", 0))
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            stalled.append((reader, writer))
+        await asyncio.sleep(1.1)  # the stalled heads are now evictable (older than a tick)
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+            for _ in range(3):  # served while the stalled connections fill every place
+                answer = await client.chat.completions.create(model="chat",
+                                                              messages=MESSAGES)
+                assert answer.choices[0].message.content
+        answers = [await answered(reader) for reader, _ in stalled]
+        refused = sum(a.startswith(b"HTTP/1.1 503 ") or a == b"<reset>" for a in answers)
+        evicted = answers.count(b"")
+        timed_out = sum(a.startswith(b"HTTP/1.1 408 ") for a in answers)
+        assert refused + evicted + timed_out == 300, answers
+        # never more than 188 at once: each one admitted past the cap evicted another
+        assert refused + evicted >= 300 - 188, (refused, evicted)
+        for _, writer in stalled:
+            writer.close()
+    finally:
+        proc.kill()
+        await proc.wait()
+    drain.cancel()
