@@ -20,6 +20,7 @@ import yaml
 from openai import AsyncOpenAI
 
 from router.app import RunningGateway
+from router.config import ConfigError, config_from_dict
 from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
 from tests.test_distributed import SLOTGATE, GatewayProcess
 
@@ -317,3 +318,9 @@ async def test_a_flood_under_a_low_open_file_limit_leaves_normal_clients_served(
         proc.kill()
         await proc.wait()
     drain.cancel()
+
+
+def test_the_head_bound_holds_at_least_one_header() -> None:
+    with pytest.raises(ConfigError, match="max_head_bytes"):
+        config_from_dict(config(max_header_bytes=32 * 1024, max_head_bytes=16 * 1024))
+    assert config_from_dict(config()).server.max_head_bytes == 64 * 1024
