@@ -84,6 +84,12 @@ class ServerConfig(_Model):
     max_inflight_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1024,
                                          le=64 * 1024 * 1024 * 1024)
     max_sequences: int = Field(default=1, ge=1, le=128)  # n x best_of x prompts per request
+    # Connection limits (router/connections.py), applied when the server starts.
+    head_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    keepalive_timeout_s: float = Field(default=75.0, gt=0, le=3600)
+    max_head_bytes: int = Field(default=64 * 1024, ge=4 * 1024, le=16 * 1024 * 1024)
+    max_connections: int = Field(default=10_000, ge=1, le=1_000_000)
+    max_connections_per_client: int = Field(default=256, ge=1, le=1_000_000)
 
     # A field validator rather than a model one: it still runs when another server key is
     # invalid, so a config check reports this problem alongside the others.
@@ -101,6 +107,14 @@ class ServerConfig(_Model):
         largest = info.data.get("max_body_bytes")
         if isinstance(largest, int) and largest > value:
             raise ValueError(f"must not be less than max_body_bytes ({largest})")
+        return value
+
+    @field_validator("max_head_bytes")
+    @classmethod
+    def _head_holds_a_header(cls, value: int, info: ValidationInfo) -> int:
+        line = info.data.get("max_header_bytes")
+        if isinstance(line, int) and line > value:
+            raise ValueError(f"must not be less than max_header_bytes ({line})")
         return value
 
 

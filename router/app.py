@@ -21,7 +21,7 @@ from router import admin, dispatch, pages
 from router.assembly import add_backend, health_check, wire_routes
 from router.auth import Keyring
 from router.gateway import GATEWAY, Gateway
-from router.http_errors import GatewayRunner, request_line_limit
+from router.http_errors import GatewayRunner, expect_continue, request_line_limit
 from router.ledger import Ledger
 from router.ledger_store import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
@@ -41,9 +41,11 @@ def create_app(config: Config) -> web.Application:
     app[GATEWAY] = Gateway(config)
     app.cleanup_ctx.append(_gateway_ctx)
     # partials, not wrappers: no extra coroutine frame per request (thousands may queue)
-    app.router.add_post("/v1/chat/completions", partial(dispatch.handle, endpoint=Endpoint.CHAT))
+    app.router.add_post("/v1/chat/completions", partial(dispatch.handle, endpoint=Endpoint.CHAT),
+                        expect_handler=expect_continue)
     app.router.add_post("/v1/completions",
-                        partial(dispatch.handle, endpoint=Endpoint.COMPLETIONS))
+                        partial(dispatch.handle, endpoint=Endpoint.COMPLETIONS),
+                        expect_handler=expect_continue)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -199,7 +201,7 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     app = create_app(config)
     app[GATEWAY].config_path = config_path
     runner = GatewayRunner(
-        app, config.server.max_header_bytes,
+        app, config.server, sum(backend.slots for backend in config.backends.values()),
         handler_cancellation=True,  # a client that leaves cancels its handler: slot freed
         access_log=None,
         shutdown_timeout=1.0,  # after our own drain (RunningGateway.close)
@@ -219,6 +221,10 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
         log.info("route %s -> %s%s, overflow %s, intent fallback %s", name, route.primary,
                  "".join(f" | {f}" for f in route.fallbacks), route.overflow.value,
                  route.fallback.when.value)
+    if runner.guard is not None:
+        log.info("connections: at most %d open, %d per client address; heads within %g s",
+                 runner.guard.max_connections, runner.guard.max_per_client,
+                 runner.guard.head_timeout)
     log.info("content logging %s", "ON: prompts appear in the access log"
              if config.logging.content else "off")
     if config.auth.enabled:

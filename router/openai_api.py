@@ -100,7 +100,7 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | Non
     chunk by chunk), which may refuse it."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     each = hold
     if hold is not None and declared is not None:
         hold.take(declared)
@@ -117,7 +117,7 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | Non
             while chunk := await content.readany():
                 size += len(chunk)
                 if size > limit:
-                    raise _too_large(limit)
+                    raise too_large(limit)
                 if each is not None:
                     each.take(len(chunk))
                 chunks.append(chunk)
@@ -141,7 +141,7 @@ def _close_when_answered(request: web.BaseRequest) -> None:
         task.add_done_callback(lambda _: transport.close())
 
 
-def _too_large(limit: int) -> ApiError:
+def too_large(limit: int) -> ApiError:
     return ApiError(
         413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large"
     )
