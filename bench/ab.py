@@ -1,9 +1,11 @@
 """Two revisions of slotgate side by side, same run: the before/after of a change.
 
-    .venv/bin/python bench/ab.py [--base REV] [--rounds 4] [--seconds 8] [--idle 1000]
+    .venv/bin/python bench/ab.py [--base REV] [--after REV] [--rounds 4] [--seconds 8]
+                                 [--idle 1000]
 
 `--base` (default HEAD~1) is checked out into a temporary git worktree and served by this
-interpreter with that tree first on sys.path; the other side is this working tree. Both
+interpreter with that tree first on sys.path; the other side is this working tree, or
+`--after` checked out the same way. Both
 get the production-like config of `make bench` (auth, access log, SQLite ledger, intent
 fallback) in front of one mock engine. Per round, in alternating order: wrk at c=64
 (requests/s, server CPU per request). Then, for each side, the memory of N idle
@@ -48,9 +50,13 @@ def chat_body(tokens: int = 16) -> bytes:
 
 
 @contextlib.contextmanager
-def base_tree(rev: str) -> Iterator[Path]:
+def checkout(rev: str | None) -> Iterator[Path]:
+    """`rev` in a temporary worktree (None: this working tree)."""
+    if rev is None:
+        yield REPO
+        return
     with tempfile.TemporaryDirectory(prefix="slotgate-ab-") as tmp:
-        tree = Path(tmp) / "base"
+        tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q",
                         str(tree), rev], check=True)
         try:
@@ -128,6 +134,7 @@ def median(rows: list[dict[str, float]], key: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="HEAD~1")
+    parser.add_argument("--after", default=None, help="a revision (default: this tree)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--idle", type=int, default=1000)
@@ -138,11 +145,11 @@ def main() -> int:
         return 2
     results: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     idle: dict[str, dict[str, float]] = {}
-    with base_tree(args.base) as tree, Fleet() as fleet:
+    with checkout(args.base) as tree, checkout(args.after) as after, Fleet() as fleet:
         mock = fleet.mock()
         pin(mock.popen.pid, LOAD_CPU)
         sides = {"before": start_side(fleet, "before", tree, mock),
-                 "after": start_side(fleet, "after", REPO, mock)}
+                 "after": start_side(fleet, "after", after, mock)}
         for r in range(args.rounds):
             order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             for name in order:

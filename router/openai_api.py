@@ -106,10 +106,15 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | Non
         hold.take(declared)
         each = None
     content = request.content
-    # No timer when it all came with the headers (the common case).
+    if content.is_eof():  # it all came with the headers (the common case): no wait, no timer
+        raw = content.read_nowait(-1)
+        if len(raw) > limit:
+            raise too_large(limit)
+        if each is not None:
+            each.take(len(raw))
+        return raw
     timer: contextlib.nullcontext[None] | asyncio.Timeout = (
-        contextlib.nullcontext() if timeout_s is None or content.is_eof()
-        else asyncio.timeout(timeout_s))
+        contextlib.nullcontext() if timeout_s is None else asyncio.timeout(timeout_s))
     chunks: list[bytes] = []
     size = 0
     try:
