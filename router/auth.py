@@ -35,6 +35,9 @@ AUTH_FAILURES = frozenset({"invalid_api_key", "duplicate_authorization",
                            "insufficient_permissions"})
 
 
+_CLASSES = frozenset(Priority)  # the values a client may name in x-slotgate-priority
+
+
 class Keyring:
     def __init__(self, config: AuthConfig) -> None:
         self.enabled = config.enabled
@@ -80,8 +83,11 @@ class Keyring:
         """The key's class; a client may lower its own (`x-slotgate-priority: sheddable`,
         e.g. for batch work), never raise it."""
         own = caller.priority if caller is not None else Priority.STANDARD
-        asked = request.headers.get("x-slotgate-priority", "").strip().lower()
-        if asked in Priority.__members__.values():
+        asked = request.headers.get("x-slotgate-priority")
+        if asked is None:  # the usual case
+            return own
+        asked = asked.strip().lower()
+        if asked in _CLASSES:
             wanted = Priority(asked)
             if wanted.rank > own.rank:
                 return wanted
