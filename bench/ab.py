@@ -88,13 +88,15 @@ def pin(pid: int, cpu: int) -> None:
             os.sched_setaffinity(pid, {cpu})
 
 
-def throughput(wrk: str, server: Server, seconds: int) -> dict[str, float]:
+def throughput(wrk: str, server: Server, mock: Server, seconds: int) -> dict[str, float]:
     body = chat_body()
     run_wrk(wrk, server.chat_url, body, f"Bearer {KEY}", 64, 1, {LOAD_CPU})  # warm
-    cpu0 = server.cpu_s()
+    cpu0, mock0, began = server.cpu_s(), mock.cpu_s(), time.perf_counter()
     out = run_wrk(wrk, server.chat_url, body, f"Bearer {KEY}", 64, seconds, {LOAD_CPU})
-    cpu = server.cpu_s() - cpu0
-    return {"rps": out["rps"], "cpu_us": cpu / out["requests"] * 1e6, "errors": out["errors"]}
+    elapsed = time.perf_counter() - began
+    cpu, mock_cpu = server.cpu_s() - cpu0, mock.cpu_s() - mock0
+    return {"rps": out["rps"], "cpu_us": cpu / out["requests"] * 1e6, "errors": out["errors"],
+            "busy": cpu / elapsed, "mock_us": mock_cpu / out["requests"] * 1e6}
 
 
 def idle_memory(server: Server, count: int, after_request: bool) -> float:
@@ -153,22 +155,24 @@ def main() -> int:
         for r in range(args.rounds):
             order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             for name in order:
-                row = throughput(wrk, sides[name], args.seconds)
+                row = throughput(wrk, sides[name], mock, args.seconds)
                 results[name].append(row)
                 print(f"round {r + 1} {name:6}: {row['rps']:8.0f} req/s  "
-                      f"{row['cpu_us']:6.0f} us/req  errors {row['errors']:.0f}", flush=True)
+                      f"{row['cpu_us']:6.0f} us/req  server busy {row['busy']:.2f}  "
+                      f"mock {row['mock_us']:4.0f} us/req  errors {row['errors']:.0f}",
+                      flush=True)
         for name, server in sides.items():
             idle[name] = {"silent": idle_memory(server, args.idle, after_request=False),
                           "kept_alive": idle_memory(server, args.idle, after_request=True)}
     out: dict[str, Any] = {}
-    for key in ("rps", "cpu_us"):
+    for key in ("rps", "cpu_us", "busy", "mock_us"):
         b, a = median(results["before"], key), median(results["after"], key)
         spread = {n: (min(r[key] for r in rows), max(r[key] for r in rows))
                   for n, rows in results.items()}
         out[key] = (b, a)
-        print(f"{key:7} before {b:8.1f} after {a:8.1f}  ratio x{a / b:.3f}  "
-              f"(rounds: before {spread['before'][0]:.0f}-{spread['before'][1]:.0f}, "
-              f"after {spread['after'][0]:.0f}-{spread['after'][1]:.0f})")
+        print(f"{key:7} before {b:8.2f} after {a:8.2f}  ratio x{a / b:.3f}  "
+              f"(rounds: before {spread['before'][0]:.2f}-{spread['before'][1]:.2f}, "
+              f"after {spread['after'][0]:.2f}-{spread['after'][1]:.2f})")
     for kind in ("silent", "kept_alive"):
         b, a = idle["before"][kind], idle["after"][kind]
         print(f"{args.idle} idle connections ({kind}): before +{b:.1f} MiB, after +{a:.1f} MiB"
