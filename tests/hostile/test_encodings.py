@@ -9,42 +9,16 @@ import asyncio
 import gzip
 import tracemalloc
 import zlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
-from multidict import CIMultiDict
 
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
+from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
+from tests.hostile.conftest import Recorder
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello " * 200}]}
-ANSWER = {"id": "c1", "object": "chat.completion", "model": "m", "choices": [
-    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-
-
-class Recorder:
-    """An engine that records the headers and body of every request."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[CIMultiDict[str], bytes]] = []
-        self.app = web.Application()
-        self.app.router.add_post("/v1/chat/completions", self.handle)
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append((CIMultiDict(request.headers), await request.read()))
-        return web.json_response(ANSWER, dumps=lambda o: orjson.dumps(o).decode())
-
-
-@pytest.fixture
-async def recorder() -> AsyncIterator[tuple[Recorder, str]]:
-    rec = Recorder()
-    runner, url = await serve_app(rec.app)
-    yield rec, url
-    await runner.cleanup()
 
 
 def raw_deflate(data: bytes) -> bytes:

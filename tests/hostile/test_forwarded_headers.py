@@ -6,21 +6,15 @@ peer. A client's own client-address headers are kept only from `server.trusted_p
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
-from aiohttp import web
-from multidict import CIMultiDict
 
 from router.config import ConfigError, config_from_dict
-from tests.conftest import StartGateway, assert_idle, serve_app
+from tests.conftest import StartGateway, assert_idle
+from tests.hostile.conftest import Recorder
 
-ANSWER = {"id": "c1", "object": "chat.completion", "model": "m", "choices": [
-    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 HOSTILE = {
     "Forwarded": "for=6.6.6.6;proto=https", "X-Forwarded-For": "6.6.6.6",
     "X-Forwarded-Proto": "https", "X-Forwarded-Host": "admin.internal",
@@ -36,32 +30,6 @@ HOSTILE = {
 ALLOWED = {"traceparent", "tracestate", "baggage", "openai-beta", "user-agent", "accept"}
 GATEWAY_SET = {"host", "content-length", "content-type", "accept-encoding", "x-request-id",
                "forwarded", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"}
-
-
-class Recorder:
-    """An engine that records the headers of every request it gets."""
-
-    def __init__(self) -> None:
-        self.seen: list[CIMultiDict[str]] = []
-        self.app = web.Application()
-        self.app.router.add_post("/v1/chat/completions", self.handle)
-        self.app.router.add_get("/v1/models", self.models)
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append(CIMultiDict(request.headers))
-        await request.read()
-        return web.json_response(ANSWER, dumps=lambda o: orjson.dumps(o).decode())
-
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": []})
-
-
-@pytest.fixture
-async def recorder() -> AsyncIterator[tuple[Recorder, str]]:
-    rec = Recorder()
-    runner, url = await serve_app(rec.app)
-    yield rec, url
-    await runner.cleanup()
 
 
 def config(url: str, **server: Any) -> dict[str, Any]:
@@ -84,7 +52,7 @@ async def test_only_the_allow_list_and_the_gateways_own_reach_the_engine(
     rec, url = recorder
     gw = await start(config(url))
     await send(gw, HOSTILE)
-    seen = rec.seen[-1]
+    seen = rec.last_headers
     names = {k.lower() for k in seen}
     assert names - GATEWAY_SET == ALLOWED
     for secret in ("goog-secret", "anth-secret", "tok-secret", "azure-secret", "6.6.6.6",
@@ -111,7 +79,7 @@ async def test_a_trusted_proxys_client_address_is_kept_and_appended(
     await send(gw, {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https",
                     "X-Forwarded-Host": "api.example.com",
                     "Forwarded": 'for=203.0.113.9;proto=https;host="api.example.com"'})
-    seen = rec.seen[-1]
+    seen = rec.last_headers
     assert seen.getall("X-Forwarded-For") == ["203.0.113.9, 127.0.0.1"]
     assert seen["X-Forwarded-Proto"] == "https"
     assert seen["X-Forwarded-Host"] == "api.example.com"
@@ -126,7 +94,7 @@ async def test_an_untrusted_peer_cannot_claim_an_address(
     rec, url = recorder
     gw = await start(config(url, trusted_proxies=["10.0.0.0/8"]))  # not loopback
     await send(gw, {"X-Forwarded-For": "10.9.9.9", "Forwarded": "for=10.9.9.9"})
-    seen = rec.seen[-1]
+    seen = rec.last_headers
     assert seen.getall("X-Forwarded-For") == ["127.0.0.1"]
     assert seen["Forwarded"].startswith("for=127.0.0.1;")
     await assert_idle(gw)
@@ -138,7 +106,7 @@ async def test_the_operator_extends_the_allow_list(
     rec, url = recorder
     gw = await start(config(url, forward_headers=["X-Custom", "X-Tenant-Region"]))
     await send(gw, {"X-Custom": "custom", "X-Tenant-Region": "eu", "X-Other": "no"})
-    seen = rec.seen[-1]
+    seen = rec.last_headers
     assert seen["X-Custom"] == "custom" and seen["X-Tenant-Region"] == "eu"
     assert "X-Other" not in seen
     await assert_idle(gw)
