@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -46,3 +47,12 @@ async def recorder() -> AsyncIterator[tuple[Recorder, str]]:
     runner, url = await serve_app(rec.app)
     yield rec, url
     await runner.cleanup()
+
+
+async def answered(reader: asyncio.StreamReader, within_s: float = 30.0) -> bytes:
+    """Everything the gateway sends until it closes the connection."""
+    async with asyncio.timeout(within_s):
+        try:
+            return await reader.read()
+        except ConnectionError:  # a reset, or our own write that met one
+            return b"<reset>"

@@ -9,60 +9,28 @@ that the per-address cap sees them apart from the normal client on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
-import resource
-import signal
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from openai import AsyncOpenAI
 
 from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
 from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
-from tests.test_distributed import SLOTGATE, GatewayProcess
+from tests.hostile.conftest import answered
+from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
+    BOTH_LOOPS,
+    address,
+    connect,
+    event_loop_policy,
+)
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
-# Overriding pytest-asyncio's `event_loop_policy` fixture (deprecated): its replacement
-# hook would apply to the whole folder, not to these files' tests alone.
-BOTH_LOOPS = pytest.mark.filterwarnings(
-    "ignore:Overriding the \"event_loop_policy\" fixture:DeprecationWarning")
 pytestmark = BOTH_LOOPS
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def event_loop_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLoopPolicy:
-    """Every test here runs on both loops: `slotgate serve` uses uvloop, tests asyncio."""
-    if request.param == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
-        return uvloop.EventLoopPolicy()  # type: ignore[no-any-return]
-    return asyncio.DefaultEventLoopPolicy()
 
 
 def config(**server: Any) -> dict[str, Any]:
     return gateway_config(sim_backend("m", slots=2), server=server)
-
-
-def address(gw: RunningGateway) -> tuple[str, int]:
-    host, port = gw.url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
-async def connect(gw: RunningGateway, source: str = "127.0.0.1"
-                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.open_connection(*address(gw), local_addr=(source, 0))
-
-
-async def answered(reader: asyncio.StreamReader, within_s: float = 30.0) -> bytes:
-    """Everything the gateway sends until it closes the connection."""
-    async with asyncio.timeout(within_s):
-        try:
-            return await reader.read()
-        except ConnectionError:  # a reset, or our own write that met one
-            return b"<reset>"
 
 
 async def one_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
@@ -215,109 +183,6 @@ async def test_a_body_sent_with_its_head_does_not_count_as_head(start: StartGate
         assert head.startswith(b"HTTP/1.1 200 "), head
     writer.close()
     await assert_idle(gw)
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        line = next(line for line in status if line.startswith("VmRSS:"))
-    return int(line.split()[1]) * 1024
-
-
-async def test_unfinished_heads_leave_memory_flat(tmp_path: Path) -> None:
-    """400 connections each sending a 2 MiB head in 16 KiB headers (each under the header
-    limit) once took a `slotgate serve` process from 552 to 1,726 MiB."""
-    if sys.platform != "linux":
-        pytest.skip("reads /proc")
-    if not isinstance(asyncio.get_event_loop_policy(), asyncio.DefaultEventLoopPolicy):
-        pytest.skip("the gateway is a `slotgate serve` process: its loop is uvloop either way")
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(
-        {**config(), "logging": {"access": False}}), encoding="utf-8")
-    gateway = await GatewayProcess.start(path)
-    try:
-        host, port = gateway.url.removeprefix("http://").split(":")
-        before = rss_bytes(gateway.proc.pid)
-        line = b"X-Pad: " + b"a" * (16 * 1024 - 100) + b"\r\n"
-
-        async def attack(source: str) -> bytes:
-            reader, writer = await asyncio.open_connection(host, int(port),
-                                                           local_addr=(source, 0))
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-            try:
-                for _ in range(128):  # 2 MiB, never the blank line that ends a head
-                    writer.write(line)
-                    await writer.drain()
-            except ConnectionError:
-                pass
-            return await answered(reader)
-
-        # four addresses: the per-address cap is not what stops this
-        answers = await asyncio.gather(*(attack(f"127.0.0.{2 + i % 4}") for i in range(400)))
-        grown = rss_bytes(gateway.proc.pid) - before
-        assert all(a.startswith(b"HTTP/1.1 431 ") or a == b"<reset>" for a in answers)
-        assert sum(a.startswith(b"HTTP/1.1 431 ") for a in answers) >= 300
-        assert grown < 150 * 1024 * 1024, grown  # each connection held at most ~64 KiB
-        async with gateway.client() as client:  # and a normal client is served
-            answer = await client.chat.completions.create(model="chat", messages=MESSAGES)
-        assert answer.choices[0].message.content
-    finally:
-        await gateway.stop(signal.SIGKILL)
-
-
-async def test_a_flood_under_a_low_open_file_limit_leaves_normal_clients_served(
-    tmp_path: Path,
-) -> None:
-    """The issue's slowloris in miniature: a `slotgate serve` process limited to 256 open
-    files, 300 connections from four addresses that send part of a head and stall."""
-    if not isinstance(asyncio.get_event_loop_policy(), asyncio.DefaultEventLoopPolicy):
-        pytest.skip("the gateway is a `slotgate serve` process: its loop is uvloop either way")
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump({**config(head_timeout_s=8), "logging": {"access": False}}),
-                    encoding="utf-8")
-
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-
-    proc = await asyncio.create_subprocess_exec(
-        SLOTGATE, "serve", "--config", str(path), "--port", "0", cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        preexec_fn=low_limit)
-    assert proc.stdout is not None
-    try:
-        lines = []
-        async with asyncio.timeout(30):
-            while b"listening on" not in (line := await proc.stdout.readline()):
-                assert line, b"".join(lines)
-                lines.append(line)
-        assert any(b"at most 188 open" in line for line in lines), lines  # 256 - 64 - 2*2
-        url = line.decode().split("listening on ")[1].split()[0]
-        drain = asyncio.create_task(proc.stdout.read())
-        host, port = url.removeprefix("http://").split(":")
-        stalled = []
-        for i in range(300):
-            reader, writer = await asyncio.open_connection(
-                host, int(port), local_addr=(f"127.0.0.{2 + i % 4}", 0))
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-            stalled.append((reader, writer))
-        await asyncio.sleep(1.1)  # the stalled heads are now evictable (older than a tick)
-        async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
-            for _ in range(3):  # served while the stalled connections fill every place
-                answer = await client.chat.completions.create(model="chat",
-                                                              messages=MESSAGES)
-                assert answer.choices[0].message.content
-        answers = [await answered(reader) for reader, _ in stalled]
-        refused = sum(a.startswith(b"HTTP/1.1 503 ") or a == b"<reset>" for a in answers)
-        evicted = answers.count(b"")
-        timed_out = sum(a.startswith(b"HTTP/1.1 408 ") for a in answers)
-        assert refused + evicted + timed_out == 300, answers
-        # never more than 188 at once: each one admitted past the cap evicted another
-        assert refused + evicted >= 300 - 188, (refused, evicted)
-        for _, writer in stalled:
-            writer.close()
-    finally:
-        proc.kill()
-        await proc.wait()
-    drain.cancel()
 
 
 def test_the_head_bound_holds_at_least_one_header() -> None:

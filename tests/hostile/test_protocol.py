@@ -19,9 +19,9 @@ from tests.conftest import (
     sim_backend,
     wait_pools,
 )
-from tests.hostile.test_connections import (  # noqa: F401 - the fixture, for both loops
+from tests.hostile.conftest import answered
+from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
     BOTH_LOOPS,
-    answered,
     connect,
     event_loop_policy,
 )
