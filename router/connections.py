@@ -11,6 +11,7 @@ house evicts. The same ticker probes half-closed clients still waiting for their
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import resource
 from http import HTTPStatus
 from typing import Protocol
@@ -68,6 +69,9 @@ class ConnectionGuard:
         self.max_head_bytes = server.max_head_bytes
         self.max_connections = min(server.max_connections, fd_limit)
         self.max_per_client = server.max_connections_per_client
+        # A trusted proxy speaks for many clients: the per-address cap is not for it.
+        self._proxies = tuple(ipaddress.ip_network(n) for n in server.trusted_proxies)
+        self._proxy_seen: dict[str, bool] = {}
         self.header_limit = server.max_header_bytes
         self.open = 0
         self.per_client: dict[str, int] = {}
@@ -92,13 +96,30 @@ class ConnectionGuard:
     def admit(self, client: str) -> bytes | None:
         """Count a new connection from `client`, or the answer that refuses it."""
         held = self.per_client.get(client, 0)
-        if held >= self.max_per_client:
+        if held >= self.max_per_client and not self._is_proxy(client):
             return self.busy_client
         if self.open >= self.max_connections and not self._evict_stalled():
             return self.busy
         self.open += 1
         self.per_client[client] = held + 1
         return None
+
+    def _is_proxy(self, client: str) -> bool:
+        """Is `client` one of `server.trusted_proxies`? (Asked only at the cap.)"""
+        if not self._proxies:
+            return False
+        known = self._proxy_seen.get(client)
+        if known is None:
+            try:
+                address = ipaddress.ip_address(client.split("%", 1)[0])
+            except ValueError:
+                known = False
+            else:
+                known = any(address in network for network in self._proxies)
+            if len(self._proxy_seen) >= 4096:
+                self._proxy_seen.clear()
+            self._proxy_seen[client] = known
+        return known
 
     def release(self, client: str) -> None:
         self.open -= 1

@@ -116,6 +116,26 @@ async def test_one_address_cannot_take_every_connection(start: StartGateway) -> 
     await assert_idle(gw)
 
 
+async def test_a_trusted_proxy_is_not_held_to_the_per_address_cap(
+    start: StartGateway,
+) -> None:
+    """A proxy in `server.trusted_proxies` speaks for many clients: it may open more
+    connections than one address may; any other address is still capped."""
+    gw = await start(config(max_connections_per_client=3, head_timeout_s=60,
+                            trusted_proxies=["127.0.0.3/32"]))
+    held = [await connect(gw, "127.0.0.3") for _ in range(6)]
+    for reader, writer in held:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await one_response(reader))[0].startswith(b"HTTP/1.1 200 ")
+    others = [await connect(gw, "127.0.0.4") for _ in range(3)]
+    reader, writer = await connect(gw, "127.0.0.4")
+    assert (await answered(reader)).startswith(b"HTTP/1.1 503 ")
+    writer.close()
+    for _, writer in [*held, *others]:
+        writer.close()
+    await assert_idle(gw)
+
+
 async def test_the_total_cap_holds(start: StartGateway) -> None:
     gw = await start(config(max_connections=20, max_connections_per_client=5))
     held = []
