@@ -97,12 +97,14 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | Non
                     hold: BodyHold | None = None) -> bytes:
     """The request body: 413 before reading past `limit` bytes, 408 if it has not all come
     within `timeout_s`; counted in `hold` (all of a declared length before reading, else
-    chunk by chunk), which may refuse it."""
+    chunk by chunk as inflated), which may refuse it."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large(limit)
     each = hold
-    if hold is not None and declared is not None:
+    # A declared length is taken at once, unless the body is compressed: then its inflated
+    # bytes are counted as they come (the declared length would undercount them).
+    if hold is not None and declared is not None and "Content-Encoding" not in request.headers:
         hold.take(declared)
         each = None
     content = request.content

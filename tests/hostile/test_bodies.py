@@ -7,6 +7,7 @@ while a normal client is served.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import json
 import time
@@ -395,6 +396,29 @@ async def test_a_chunked_body_is_counted_as_it_arrives(start: StartGateway) -> N
             finally:
                 await close(writer)
             assert status == 503 and headers["retry-after"]
+            assert_openai_error(body, "server_error", "inflight_body_bytes")
+        finally:
+            sim.release()
+        assert (await running)[0] == 200
+    assert gw.gateway.bodies.held == 0
+    await assert_idle(gw)
+
+
+async def test_a_compressed_body_is_counted_by_its_inflated_size(start: StartGateway) -> None:
+    """Its declared length is that of the gzip bytes: the in-flight bound counts what they
+    inflate to, so a small compressed body cannot slip a large one past it."""
+    gw = await start(gateway_config(sim_backend("m", slots=1), server={
+        "max_body_bytes": 4096, "max_inflight_body_bytes": 4096}))
+    sim = engine(gw)
+    sim.hold()
+    async with aiohttp.ClientSession() as http:
+        running = asyncio.create_task(post(http, gw, chat(pad="x" * 3000)))
+        try:
+            await sim.wait_until(lambda e: e.held == 1)
+            packed = gzip.compress(chat(pad="x" * 2000))
+            assert len(packed) < 200  # declared: far under the room left
+            status, body, headers = await post(http, gw, packed, **{"Content-Encoding": "gzip"})
+            assert status == 503 and headers["Retry-After"]
             assert_openai_error(body, "server_error", "inflight_body_bytes")
         finally:
             sim.release()
