@@ -234,9 +234,6 @@ class HoldTimeModel:
         return self.residual(age_s, max_tokens).mean_s
 
 
-HoldTimeEstimator = HoldTimeModel  # the original name, as used by slots.py and app.py
-
-
 @dataclass(frozen=True, slots=True)
 class WaitForecast:
     wait_s: float

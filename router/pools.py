@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from policies.breaker import CircuitBreaker
 from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
-from policies.eta import HoldTimeEstimator
+from policies.eta import HoldTimeModel
 from policies.slots import LocalSlotPool, SlotPool
 from router.config import from_env
 
@@ -56,7 +56,7 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
 
 def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
               coordinator: RedisCoordinator | None) -> SlotPool:
-    estimator = HoldTimeEstimator(backend.initial_hold_s)
+    estimator = HoldTimeModel(backend.initial_hold_s)
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
         return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator)
     from policies.failover import FailoverPool, local_share
@@ -67,5 +67,5 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
     local = None
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
-                              backend.queue_limit, HoldTimeEstimator(backend.initial_hold_s))
+                              backend.queue_limit, HoldTimeModel(backend.initial_hold_s))
     return FailoverPool(shared, local, config.expected_replicas)
