@@ -35,8 +35,9 @@ from report import machine  # noqa: E402
 
 from policies.breaker import CircuitBreaker  # noqa: E402
 from policies.eta import HoldTimeModel  # noqa: E402
-from policies.redis_slots import RedisCoordinator, RedisSlotPool  # noqa: E402
 from policies.slots import LocalSlotPool  # noqa: E402
+from policies.slots.coordinator import RedisCoordinator  # noqa: E402
+from policies.slots.redis import RedisSlotPool  # noqa: E402
 
 ROUND_TRIPS = 2000
 

@@ -16,7 +16,7 @@ from policies.slots import LocalSlotPool, SlotPool
 from router.config import from_env
 
 if TYPE_CHECKING:
-    from policies.redis_slots import RedisCoordinator
+    from policies.slots.coordinator import RedisCoordinator
 
 log = logging.getLogger("slotgate")
 
@@ -28,7 +28,7 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
     and says so, and recovers by itself when Redis answers.
     """
     try:
-        from policies.redis_slots import RedisCoordinator
+        from policies.slots.coordinator import RedisCoordinator
     except ImportError:
         raise RuntimeError("coordination.mode: redis needs the Redis client: "
                            "pip install 'slotgate[redis]'") from None
@@ -59,8 +59,8 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
     estimator = HoldTimeModel(backend.initial_hold_s)
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
         return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator)
-    from policies.failover import FailoverPool, local_share
-    from policies.redis_slots import RedisSlotPool
+    from policies.slots.failover import FailoverPool, local_share
+    from policies.slots.redis import RedisSlotPool
 
     shared = RedisSlotPool(name, backend.slots, backend.queue_limit, estimator, coordinator,
                            config.lease_ttl_s, config.recheck_s)

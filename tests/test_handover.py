@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from policies.eta import HoldTimeModel
-from policies.handover import MoveOffers
 from policies.slots import LocalSlotPool
+from policies.slots.handover import MoveOffers
 
 
 def pool(capacity: int = 1, queue_limit: int = 4) -> LocalSlotPool:

@@ -18,8 +18,9 @@ import pytest
 from policies.breaker import CircuitBreaker
 from policies.config import Priority
 from policies.eta import HoldTimeModel
-from policies.redis_slots import RedisCoordinator, RedisSlotPool
 from policies.slots import Lease, LocalSlotPool, QueueShed, QueueTimeout, SlotPool, Ticket
+from policies.slots.coordinator import RedisCoordinator
+from policies.slots.redis import RedisSlotPool
 from tests.conftest import RedisServer
 
 BOUND_S = 5.0  # the longest any step may take; a pass takes milliseconds
