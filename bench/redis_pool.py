@@ -34,9 +34,10 @@ from load import Target, closed_loop, new_session  # noqa: E402
 from report import machine  # noqa: E402
 
 from policies.breaker import CircuitBreaker  # noqa: E402
-from policies.eta import HoldTimeEstimator  # noqa: E402
-from policies.redis_slots import RedisCoordinator, RedisSlotPool  # noqa: E402
+from policies.eta import HoldTimeModel  # noqa: E402
 from policies.slots import LocalSlotPool  # noqa: E402
+from policies.slots.coordinator import RedisCoordinator  # noqa: E402
+from policies.slots.redis import RedisSlotPool  # noqa: E402
 
 ROUND_TRIPS = 2000
 
@@ -72,10 +73,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def pools(redis_url: str, rounds: int) -> dict[str, Any]:
-    local = LocalSlotPool("bench", 64, 0, HoldTimeEstimator(1.0))
+    local = LocalSlotPool("bench", 64, 0, HoldTimeModel(1.0))
     coordinator = RedisCoordinator(redis_url, "bench", 0.5,
                                    CircuitBreaker(3, 5.0, time.monotonic))
-    shared = RedisSlotPool("bench", 64, 0, HoldTimeEstimator(1.0), coordinator, 15.0, 1.0)
+    shared = RedisSlotPool("bench", 64, 0, HoldTimeModel(1.0), coordinator, 15.0, 1.0)
     coordinator.start()
     try:
         await round_trips(shared, 200)  # load the scripts, open the connections

@@ -140,7 +140,7 @@ def profile_lines(profile: Result | None) -> list[str]:
             for r in profile["own_exclusive"][:15]]
     out += ["Hot spots: the deepest slotgate frame of each sample (*own*: the function's "
             "lines and the library code it calls, without the slotgate functions it calls; "
-            "`cli.py:_run_until_signal` is the event loop and aiohttp's protocol code outside "
+            "`run.py:run_until_signal` is the event loop and aiohttp's protocol code outside "
             "any handler). *Inclusive*: on the stack anywhere (top 15 only).", ""]
     out += table(["slotgate function", "own", "inclusive"], rows)
     out += ["", "The same own time split by what each function was calling (the frame below "

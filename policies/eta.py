@@ -12,10 +12,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from policies.slots import PoolSnapshot
+from typing import Protocol
 
 WINDOW = 128  # recent holds kept per pool (and per max_tokens bucket)
 MIN_EMPIRICAL = 4  # fewer samples: a Pareto-tailed guess around the running mean
@@ -234,9 +231,6 @@ class HoldTimeModel:
         return self.residual(age_s, max_tokens).mean_s
 
 
-HoldTimeEstimator = HoldTimeModel  # the original name, as used by slots.py and app.py
-
-
 @dataclass(frozen=True, slots=True)
 class WaitForecast:
     wait_s: float
@@ -411,12 +405,29 @@ def predict_waits(
     return waits
 
 
+class PoolLoad(Protocol):
+    """What the snapshot helpers read of a pool (`policies.slots.PoolSnapshot` is one):
+    declared here so that the forecast imports nothing of the pools that use it."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def mean_hold_s(self) -> float: ...
+
+    @property
+    def free(self) -> int: ...
+
+    @property
+    def queue_room(self) -> int: ...
+
+
 def naive_wait(mean_hold_s: float, capacity: int, position: int) -> float:
     """(position / capacity) * mean hold: a slot frees every mean / capacity seconds."""
     return position * mean_hold_s / capacity
 
 
-def seconds_until_room(pool: PoolSnapshot) -> float:
+def seconds_until_room(pool: PoolLoad) -> float:
     """Expected seconds until `pool` can take one more request (slot or queue place).
 
     With every slot busy, a slot frees on average every mean_hold / capacity seconds,
@@ -427,12 +438,12 @@ def seconds_until_room(pool: PoolSnapshot) -> float:
     return pool.mean_hold_s / pool.capacity
 
 
-def retry_after_s(pools: Iterable[PoolSnapshot], floor_s: int, cap_s: int) -> int:
+def retry_after_s(pools: Iterable[PoolLoad], floor_s: int, cap_s: int) -> int:
     """Whole seconds (>= floor_s >= 1, <= cap_s) until the first of `pools` has room."""
     soonest = min((seconds_until_room(p) for p in pools), default=float(floor_s))
     return max(floor_s, min(cap_s, math.ceil(soonest)))
 
 
-def queue_wait_s(pool: PoolSnapshot, position: int) -> float:
+def queue_wait_s(pool: PoolLoad, position: int) -> float:
     """Naive expected wait of the ticket at `position` (1 = next) in a saturated pool."""
     return naive_wait(pool.mean_hold_s, pool.capacity, position)

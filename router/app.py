@@ -23,7 +23,7 @@ from router.auth import Keyring
 from router.gateway import GATEWAY, Gateway
 from router.http_errors import GatewayRunner, expect_continue, request_line_limit
 from router.ledger import Ledger
-from router.ledger_store import open_ledger
+from router.ledger_open import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
 from router.pools import start_coordinator
 

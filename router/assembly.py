@@ -10,8 +10,8 @@ import asyncio
 
 from policies.config import BackendConfig, FallbackWhen
 from policies.experiments import build_experiments
-from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
+from policies.slots.handover import MoveOffers
 from router.gateway import Gateway
 from router.openai_api import ApiError
 from router.pools import make_pool

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
 from router import logs
 from router.config import ConfigError, check_main, load_config
+from router.run import Closable, run_until_signal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +101,7 @@ def _serve(path: str | None, host: str | None, port: int | None, level: str,
 
         return await start_gateway(config, host, port, config_path=path)
 
-    return _run_until_signal(start, f"{host or config.server.host}:{port or config.server.port}")
+    return run_until_signal(start, f"{host or config.server.host}:{port or config.server.port}")
 
 
 def _reload(url: str, key: str | None = None) -> int:
@@ -167,58 +164,4 @@ def simulate_main(argv: list[str] | None = None) -> int:
               flush=True)
         return sim
 
-    return _run_until_signal(start, f"{args.host}:{args.port}")
-
-
-class Closable(Protocol):
-    async def close(self) -> None: ...
-
-
-@runtime_checkable
-class Reloadable(Closable, Protocol):
-    async def reload(self) -> None: ...
-
-
-def _run_until_signal(start: Callable[[], Awaitable[Closable]], where: str) -> int:
-    """Start a server on uvloop (when installed), serve until SIGINT or SIGTERM, close it."""
-
-    async def serve() -> None:
-        # Handlers first: a signal that comes while starting (after "listening on" was
-        # logged, say) must not kill the process; a SIGHUP then reloads once started.
-        stop, hup = asyncio.Event(), asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, hup.set)
-        running = await start()
-        reloads: set[asyncio.Task[None]] = set()
-        if isinstance(running, Reloadable):  # SIGHUP: reload the config file
-            def reload() -> None:
-                task = asyncio.ensure_future(running.reload())
-                reloads.add(task)
-                task.add_done_callback(reloads.discard)
-
-            loop.add_signal_handler(signal.SIGHUP, reload)
-            if hup.is_set():
-                reload()
-        try:
-            await stop.wait()
-        finally:
-            await running.close()
-
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(serve())
-    except OSError as exc:
-        print(f"slotgate: cannot listen on {where}: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when installed (faster sockets), else asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    return run_until_signal(start, f"{args.host}:{args.port}")

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, TextIO
 import aiohttp
 import orjson
 
+from router.run import loop_factory
+
 if TYPE_CHECKING:
     from router.app import RunningGateway
 
@@ -372,8 +374,6 @@ def demo_main(argv: list[str], out: TextIO | None = None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.max_tokens < 1:
         parser.error("--requests and --max-tokens must be at least 1")
-    from router.cli import loop_factory
-
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(_main(args, out or sys.stdout))

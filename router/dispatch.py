@@ -24,8 +24,8 @@ from policies.admission import Decision, Reject, RejectReason, Wait, decide
 from policies.config import Config, FallbackWhen, Overflow, Priority, RouteConfig
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
-from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
+from policies.slots.handover import MoveOffers
 from router.access_log import log_refused
 from router.body import BodyHold
 from router.faults import BackendOpened, retry_after_s, retryable

@@ -17,10 +17,10 @@ from classifier.model import IntentClassifier
 from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
 from policies.experiments import Experiment
-from policies.handover import MoveOffers
 from policies.pricing import SlotTimeModel
 from policies.quotas import Quotas
 from policies.slots import SlotPool
+from policies.slots.handover import MoveOffers
 from router.access_log import LogSampler
 from router.auth import Keyring
 from router.body import InflightBodies
@@ -34,7 +34,7 @@ from router.rejections import rejection
 from router.usage import ledger_row
 
 if TYPE_CHECKING:
-    from policies.redis_slots import RedisCoordinator
+    from policies.slots.coordinator import RedisCoordinator
     from router.record import RequestRecord
     from router.simulated import RunningSim
 

@@ -1,8 +1,8 @@
-"""Ledger stores: SQLite (the default, one file) and the choice between it and PostgreSQL.
+"""The SQLite ledger store (the default, one file).
 
-The SQLite store keeps one connection on one worker thread, so every statement runs
-off the event loop and in order. WAL mode lets `slotgate report` read while the
-gateway writes. The schema is created and migrated here, in numbered steps recorded
+It keeps one connection on one worker thread, so every statement runs off the event
+loop and in order. WAL mode lets `slotgate report` read while the gateway writes. The
+schema (`router.ledger_schema`) is created and migrated here, in numbered steps recorded
 in `schema_migrations`.
 """
 
@@ -16,75 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from policies.config import LedgerConfig
-from router.config import from_env
-from router.ledger import COLUMNS, Ledger, LedgerRow, RowFilter, Store, row_values
+from router.ledger import COLUMNS, LedgerRow, RowFilter, row_values
+from router.ledger_schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
 
 T = TypeVar("T")
-
-# Portable column types: SQLite reads these as affinities, PostgreSQL as they are.
-_TYPES = {
-    "id": "TEXT PRIMARY KEY", "ts": "DOUBLE PRECISION NOT NULL", "request_id": "TEXT NOT NULL",
-    "endpoint": "TEXT NOT NULL", "stream": "BOOLEAN NOT NULL", "status": "INTEGER NOT NULL",
-    "p_simple": "DOUBLE PRECISION", "queue_wait_ms": "DOUBLE PRECISION NOT NULL",
-    "ttft_ms": "DOUBLE PRECISION", "total_ms": "DOUBLE PRECISION NOT NULL",
-    "slot_ms": "DOUBLE PRECISION NOT NULL", "prompt_tokens": "INTEGER NOT NULL",
-    "completion_tokens": "INTEGER NOT NULL", "tokens_estimated": "BOOLEAN NOT NULL",
-    "cost": "DOUBLE PRECISION NOT NULL", "counterfactual_cost": "DOUBLE PRECISION NOT NULL",
-}
-_V1_COLUMNS = COLUMNS[:COLUMNS.index("key_id")]  # the table as step 1 made it
-_CREATE = "CREATE TABLE requests (\n  " + ",\n  ".join(
-    f'"{name}" {_TYPES.get(name, "TEXT")}' for name in _V1_COLUMNS) + "\n)"
-COLUMN_LIST = ", ".join(f'"{name}"' for name in COLUMNS)  # quoted: "primary" is a keyword
-
-# Each step runs once, in order, in one transaction with its version record.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (1, (_CREATE,
-         "CREATE INDEX requests_ts ON requests (ts)",
-         "CREATE INDEX requests_experiment_ts ON requests (experiment, ts)")),
-    (2, ("ALTER TABLE requests ADD COLUMN key_id TEXT",
-         "CREATE INDEX requests_key_ts ON requests (key_id, ts)")),
-)
-# What each key spent since a time (for budgets, read at startup).
-SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "
-         "WHERE ts >= {mark} AND key_id IS NOT NULL GROUP BY key_id")
-SCHEMA_VERSION = MIGRATIONS[-1][0]
-# The oldest rows beyond the newest N: the cut is found by walking the ts index from the
-# newest end, so the cost is that of N index entries, not a sort of the table.
-TRIM = ("DELETE FROM requests WHERE ts < (SELECT ts FROM requests ORDER BY ts DESC "
-        "LIMIT 1 OFFSET {mark})")
-
-
-def where_clause(where: RowFilter, mark: Callable[[int], str]) -> tuple[str, list[object]]:
-    """SQL conditions for a filter; `mark(i)` spells the i-th placeholder (1-based)."""
-    terms: list[str] = []
-    args: list[object] = []
-    for column, op, value in (("ts", ">=", where.since), ("ts", "<", where.until),
-                              ("experiment", "=", where.experiment),
-                              ("route", "=", where.route)):
-        if value is not None:
-            args.append(value)
-            terms.append(f"{column} {op} {mark(len(args))}")
-    return (" WHERE " + " AND ".join(terms) if terms else ""), args
-
-
-def open_ledger(config: LedgerConfig) -> Ledger:
-    """The configured ledger (not yet started)."""
-    target = from_env(config.target, config.url_env, "ledger.url_env")
-    assert target is not None, "no ledger configured"
-    retention = config.retention_days * 86_400 if config.retention_days is not None else None
-    return Ledger(open_store(target), config.batch_rows, config.flush_interval_s,
-                  config.max_pending_rows, retention, config.max_rows)
-
-
-def open_store(target: str) -> Store:
-    """A store for a SQLite path or a postgresql:// URL (not yet opened)."""
-    if target.startswith(("postgresql://", "postgres://")):
-        from router.ledger_postgres import PostgresStore
-
-        return PostgresStore(target)
-    return SQLiteStore(target)
-
 
 class SQLiteStore:
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:

@@ -29,6 +29,7 @@ import yaml
 
 from policies.config import BackendConfig, Config, SimulatedSpec
 from router.config import DEFAULT_CONFIG_PATH, ConfigError, config_from_dict, load_config
+from router.run import loop_factory
 
 EXPERIMENT = "fallback-ab"
 INTERRUPTED_DRAIN_S = 5.0  # after Ctrl-C, in-flight requests get this long to finish
@@ -441,8 +442,6 @@ def loadtest_main(argv: list[str]) -> int:
         return 1
     plan = LoadPlan(route, rate, args.seconds, load_prompts(), args.users, args.stream_share,
                     args.max_tokens, args.seed, args.max_in_flight)
-    from router.cli import loop_factory
-
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             stats = runner.run(_drive(args.url, embedded, plan, sys.stderr))

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from policies.breaker import CircuitBreaker
 from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
-from policies.eta import HoldTimeEstimator
+from policies.eta import HoldTimeModel
 from policies.slots import LocalSlotPool, SlotPool
 from router.config import from_env
 
 if TYPE_CHECKING:
-    from policies.redis_slots import RedisCoordinator
+    from policies.slots.coordinator import RedisCoordinator
 
 log = logging.getLogger("slotgate")
 
@@ -28,7 +28,7 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
     and says so, and recovers by itself when Redis answers.
     """
     try:
-        from policies.redis_slots import RedisCoordinator
+        from policies.slots.coordinator import RedisCoordinator
     except ImportError:
         raise RuntimeError("coordination.mode: redis needs the Redis client: "
                            "pip install 'slotgate[redis]'") from None
@@ -56,16 +56,16 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
 
 def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
               coordinator: RedisCoordinator | None) -> SlotPool:
-    estimator = HoldTimeEstimator(backend.initial_hold_s)
+    estimator = HoldTimeModel(backend.initial_hold_s)
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
         return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator)
-    from policies.failover import FailoverPool, local_share
-    from policies.redis_slots import RedisSlotPool
+    from policies.slots.failover import FailoverPool, local_share
+    from policies.slots.redis import RedisSlotPool
 
     shared = RedisSlotPool(name, backend.slots, backend.queue_limit, estimator, coordinator,
                            config.lease_ttl_s, config.recheck_s)
     local = None
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
-                              backend.queue_limit, HoldTimeEstimator(backend.initial_hold_s))
+                              backend.queue_limit, HoldTimeModel(backend.initial_hold_s))
     return FailoverPool(shared, local, config.expected_replicas)

@@ -106,7 +106,7 @@ def _ledger_and_currency(config_path: str | None, ledger: str | None) -> tuple[s
 
 async def fetch_rows(target: str, where: RowFilter) -> list[LedgerRow]:
     """The rows of the ledger at `target` that `where` selects."""
-    from router.ledger_store import open_store
+    from router.ledger_open import open_store
 
     store = open_store(target)
     try:

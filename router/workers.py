@@ -24,6 +24,7 @@ from types import FrameType
 
 from policies.config import Config, CoordinationMode, RedisDown
 from router import logs
+from router.run import Closable, run_until_signal
 
 log = logging.getLogger("slotgate.workers")
 
@@ -214,8 +215,6 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
 def run_worker(config: Config, host: str, port: int, level: str, index: int, count: int,
                link: Connection, path: str | None = None) -> None:
     """One worker (in its own process): the single-process serve path on a shared port."""
-    from router.cli import Closable, _run_until_signal
-
     # Ctrl-C reaches every process in the terminal's group; the parent turns it into SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.setup(level)
@@ -236,7 +235,7 @@ def run_worker(config: Config, host: str, port: int, level: str, index: int, cou
         loop.add_reader(link.fileno(), parent_gone)
         return running
 
-    sys.exit(_run_until_signal(start, f"{host}:{port}"))
+    sys.exit(run_until_signal(start, f"{host}:{port}"))
 
 
 class _Prefix(logging.Filter):

@@ -6,7 +6,7 @@ import pytest
 
 from policies.admission import Reject, RejectReason, RouteReason, Run, Wait, decide
 from policies.config import Overflow
-from policies.eta import HoldTimeEstimator, retry_after_s
+from policies.eta import HoldTimeModel, retry_after_s
 from policies.slots import PoolSnapshot
 
 
@@ -63,7 +63,7 @@ def test_retry_after(pools: list[PoolSnapshot], floor: int, cap: int, expected: 
 
 
 def test_hold_estimator_starts_from_first_measurement_then_smooths() -> None:
-    est = HoldTimeEstimator(initial_s=10.0, alpha=0.5)
+    est = HoldTimeModel(initial_s=10.0, alpha=0.5)
     assert est.mean_s == 10.0
     est.observe(2.0)
     assert est.mean_s == 2.0

@@ -12,7 +12,6 @@ import pytest
 
 from policies import eta
 from policies.eta import (
-    HoldTimeEstimator,
     HoldTimeModel,
     forecast_wait,
     naive_wait,
@@ -123,8 +122,7 @@ def test_one_outlier_does_not_reset_the_model() -> None:
 
 
 def test_ewma_keeps_its_original_meaning() -> None:
-    assert HoldTimeEstimator is HoldTimeModel
-    est = HoldTimeEstimator(initial_s=10.0, alpha=0.5)
+    est = HoldTimeModel(initial_s=10.0, alpha=0.5)
     for held, mean in [(2.0, 2.0), (4.0, 3.0), (-1.0, 3.0), (math.nan, 3.0), (math.inf, 3.0)]:
         est.observe(held)
         assert est.mean_s == mean

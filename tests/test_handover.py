@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from policies.eta import HoldTimeEstimator
-from policies.handover import MoveOffers
+from policies.eta import HoldTimeModel
 from policies.slots import LocalSlotPool
+from policies.slots.handover import MoveOffers
 
 
 def pool(capacity: int = 1, queue_limit: int = 4) -> LocalSlotPool:
-    return LocalSlotPool("small", capacity, queue_limit, HoldTimeEstimator(1.0))
+    return LocalSlotPool("small", capacity, queue_limit, HoldTimeModel(1.0))
 
 
 async def test_offer_granted_at_once_when_a_slot_is_free() -> None:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from router.ledger import COLUMNS, Ledger, LedgerRow, RowFilter
-from router.ledger_store import MIGRATIONS, SCHEMA_VERSION, SQLiteStore, open_store
+from router.ledger_open import open_store
+from router.ledger_schema import MIGRATIONS, SCHEMA_VERSION
+from router.ledger_store import SQLiteStore
 
 
 def row(i: int, **fields: object) -> LedgerRow:

@@ -16,7 +16,7 @@ import pytest
 from router.app import RunningGateway
 from router.config import ConfigError
 from router.ledger import LedgerRow, RowFilter
-from router.ledger_store import open_store
+from router.ledger_open import open_store
 from tests.conftest import (
     StartGateway,
     assert_idle,

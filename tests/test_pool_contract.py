@@ -17,9 +17,10 @@ import pytest
 
 from policies.breaker import CircuitBreaker
 from policies.config import Priority
-from policies.eta import HoldTimeEstimator
-from policies.redis_slots import RedisCoordinator, RedisSlotPool
+from policies.eta import HoldTimeModel
 from policies.slots import Lease, LocalSlotPool, QueueShed, QueueTimeout, SlotPool, Ticket
+from policies.slots.coordinator import RedisCoordinator
+from policies.slots.redis import RedisSlotPool
 from tests.conftest import RedisServer
 
 BOUND_S = 5.0  # the longest any step may take; a pass takes milliseconds
@@ -42,7 +43,7 @@ class PoolFactory:
         self._made += 1
         name = f"pool{self._made}"
         if self.redis_url is None:
-            local = LocalSlotPool(name, capacity, queue_limit, HoldTimeEstimator(1.0))
+            local = LocalSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0))
             self._check_bounds(local)
             return [local] * replicas
         pools: list[SlotPool] = []
@@ -51,7 +52,7 @@ class PoolFactory:
                 self.redis_url, prefix=self.prefix, call_timeout_s=0.5,
                 breaker=CircuitBreaker(3, 5.0, time.monotonic))
             self.coordinators.append(coordinator)
-            pool = RedisSlotPool(name, capacity, queue_limit, HoldTimeEstimator(1.0),
+            pool = RedisSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
                                  coordinator, lease_ttl_s=15, recheck_s=recheck_s)
             await self._start(coordinator, pool)
             self._check_bounds(pool)

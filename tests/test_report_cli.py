@@ -88,7 +88,7 @@ def test_cli_needs_a_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
-    from router.ledger_store import open_store
+    from router.ledger_open import open_store
 
     store = open_store(str(path))
     await store.open()

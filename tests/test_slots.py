@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.config import Priority
-from policies.eta import HoldTimeEstimator
+from policies.eta import HoldTimeModel
 from policies.slots import LocalLease, LocalSlotPool, LocalTicket, QueueTimeout
 
 
 def make_pool(capacity: int = 1, queue_limit: int = 10) -> LocalSlotPool:
-    return LocalSlotPool("p", capacity, queue_limit, HoldTimeEstimator(1.0))
+    return LocalSlotPool("p", capacity, queue_limit, HoldTimeModel(1.0))
 
 
 async def test_acquire_up_to_capacity_then_none() -> None:
@@ -160,7 +160,7 @@ async def test_withdraw_after_claim_does_not_release_claimed_lease() -> None:
 
 async def test_release_records_hold_time_and_watchers_see_changes() -> None:
     now = [100.0]
-    pool = LocalSlotPool("p", 1, 1, HoldTimeEstimator(9.0), clock=lambda: now[0])
+    pool = LocalSlotPool("p", 1, 1, HoldTimeModel(9.0), clock=lambda: now[0])
     seen: list[tuple[int, int]] = []
     unwatch = pool.watch(lambda p: seen.append((p.active, p.queued)))
     lease = pool.acquire_nowait()
@@ -175,7 +175,7 @@ async def test_release_records_hold_time_and_watchers_see_changes() -> None:
 
 async def test_forecast_uses_running_ages_and_is_shared_until_a_change() -> None:
     now = [0.0]
-    pool = LocalSlotPool("p", 1, 4, HoldTimeEstimator(10.0), clock=lambda: now[0])
+    pool = LocalSlotPool("p", 1, 4, HoldTimeModel(10.0), clock=lambda: now[0])
     for _ in range(5):  # learn: every request holds its slot 10 s
         lease = pool.acquire_nowait()
         assert lease is not None

@@ -23,7 +23,7 @@ from openai import AsyncOpenAI
 
 from router.app import RunningGateway
 from router.ledger import LedgerRow, RowFilter
-from router.ledger_store import open_store
+from router.ledger_open import open_store
 from router.record import Phase, RequestRecord
 from tests.conftest import StartGateway, assert_idle, sdk, wait_pools
 from tests.engine.conftest import FIGURES, MODEL_ID, Engines, LlamaServer

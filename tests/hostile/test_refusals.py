@@ -21,7 +21,7 @@ from router.access_log import LogSampler
 from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
 from router.ledger import LedgerRow, RowFilter
-from router.ledger_store import open_ledger, open_store
+from router.ledger_open import open_ledger, open_store
 from tests.conftest import StartGateway, assert_idle, gateway_config, sim_backend
 from tests.test_ledger_gateway import rows_of
 

@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 
-from policies.slots import CoordinationError, Lease, LocalSlotPool, PoolUnavailable, SlotPool
+from policies.slots.base import CoordinationError, Lease, PoolUnavailable, SlotPool
+from policies.slots.local import LocalSlotPool
 
 
 class MoveOffers:

@@ -1,16 +1,17 @@
 """RedisSlotPool: one backend's slots and FIFO queue, shared by every process and replica.
 
-Each atomic step is a Lua script (`policies.redis_scripts`). Waiting does not poll Redis
-in a loop: a release anywhere publishes a wake-up; each process holds one subscription
-(`RedisCoordinator`) and, for a pool with local waiters, makes one POLL call that grants
-every local ticket whose place in line is within the free slots, and refreshes the
-others' heartbeats and positions. A re-check every `recheck_s` covers lost messages and
-keeps waiters alive. Leases have a TTL and are renewed every TTL/3 by a task of their own;
-a replica that dies loses its slots and its place in line within the TTL.
+Each atomic step is a Lua script (`policies.slots.lua`). Waiting does not poll Redis in a
+loop: a release anywhere publishes a wake-up; each process holds one subscription
+(`RedisCoordinator`, `policies.slots.coordinator`) and, for a pool with local waiters,
+makes one POLL call that grants every local ticket whose place in line is within the free
+slots, and refreshes the others' heartbeats and positions. A re-check every `recheck_s`
+covers lost messages and keeps waiters alive. Leases have a TTL and are renewed every
+TTL/3 by a task of their own; a replica that dies loses its slots and its place in line
+within the TTL.
 
 Every Redis call has a short timeout and goes through one circuit breaker per process.
-Failures surface as `CoordinationError`; `policies.failover` decides what a request then
-gets. A call that timed out may still have happened, so a release or withdrawal is
+Failures surface as `CoordinationError`; `policies.slots.failover` decides what a request
+then gets. A call that timed out may still have happened, so a release or withdrawal is
 retried by id in the background, and POLL reports a grant whose reply was lost.
 """
 
@@ -22,141 +23,22 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
-from policies.breaker import BreakerState, CircuitBreaker
+from policies.breaker import BreakerState
 from policies.config import Priority
 from policies.eta import HoldTimeModel, predict_waits
-from policies.redis_scripts import (
-    ACQUIRE,
-    ENQUEUE,
-    KEY_NAMES,
-    POLL,
-    RELEASE,
-    RENEW,
-    SHED,
-    WAKING_KINDS,
-    WITHDRAW,
+from policies.slots.base import (
+    FORECAST_TTL_S,
+    CoordinationError,
+    PoolSnapshot,
+    QueueShed,
+    QueueTimeout,
 )
-from policies.slots import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueShed, QueueTimeout
+from policies.slots.coordinator import RETRIES, RedisCoordinator
+from policies.slots.lua import KEY_NAMES, SHED, WAKING_KINDS
 
 log = logging.getLogger("slotgate.redis")
-_RETRIES = 5  # background retries of a release or withdrawal by id
-
-
-class RedisCoordinator:
-    """One per process: the client, the scripts, the breaker and the wake-up subscription."""
-
-    def __init__(self, url: str, prefix: str, call_timeout_s: float, breaker: CircuitBreaker,
-                 outage: str = "") -> None:
-        self.prefix = prefix
-        self.call_timeout_s = call_timeout_s
-        self.breaker = breaker
-        self.where = url.split("@")[-1]  # never the password
-        self.outage = outage  # what the gateway does meanwhile, for the log
-        self.healthy = asyncio.Event()  # set while the breaker is closed
-        self.healthy.set()
-        breaker.on_change = self._breaker_changed
-        self._prober: asyncio.Task[None] | None = None
-        self.client = aioredis.Redis.from_url(
-            url, socket_timeout=call_timeout_s, socket_connect_timeout=call_timeout_s,
-            retry_on_timeout=False, decode_responses=False)
-        self.scripts = {name: self.client.register_script(text) for name, text in (
-            ("acquire", ACQUIRE), ("enqueue", ENQUEUE), ("poll", POLL), ("renew", RENEW),
-            ("release", RELEASE), ("withdraw", WITHDRAW))}
-        self.pools: dict[bytes, RedisSlotPool] = {}  # by wake-up channel
-        self._listener: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
-
-    async def call(self, script: str, keys: Sequence[str], args: Sequence[str | int | float]
-                   ) -> Any:
-        if not self.breaker.allow():
-            raise CoordinationError("Redis circuit open")
-        try:
-            async with asyncio.timeout(self.call_timeout_s):
-                result = await self.scripts[script](keys=keys, args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
-            self.breaker.failure()
-            log.debug("redis %s failed: %s: %s", script, type(exc).__name__, exc)
-            raise CoordinationError(f"{type(exc).__name__}: {exc}") from None
-        self.breaker.success()
-        return result
-
-    def _breaker_changed(self, state: BreakerState) -> None:
-        if state is BreakerState.OPEN and self.healthy.is_set():
-            self.healthy.clear()
-            log.warning("Redis at %s is unreachable: %s until it answers", self.where,
-                        self.outage or "shared pools are unavailable")
-            if self._prober is None or self._prober.done():
-                self._prober = asyncio.create_task(self._probe_until_closed())
-        elif state is BreakerState.CLOSED and not self.healthy.is_set():
-            self.healthy.set()
-            log.warning("Redis at %s answers again: pools are shared again", self.where)
-
-    async def _probe_until_closed(self) -> None:
-        """Recovery needs no traffic: while the breaker is open, ping at each probe time."""
-        while self.breaker.state is not BreakerState.CLOSED:
-            await asyncio.sleep(max(self.breaker.retry_in_s(), 0.01))  # the probe schedule
-            if not self.breaker.allow():
-                continue
-            try:
-                async with asyncio.timeout(self.call_timeout_s):
-                    await self.client.ping()
-            except (RedisError, OSError, TimeoutError):
-                self.breaker.failure()
-            else:
-                self.breaker.success()
-
-    def in_background(self, work: Callable[[], Any]) -> None:
-        task = asyncio.ensure_future(work())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def start(self) -> None:
-        self._listener = asyncio.create_task(self._listen(), name="redis-wake-ups")
-
-    async def _listen(self) -> None:
-        """Wake a pool's local waiters when any replica releases or leaves; reconnect on loss.
-
-        Nothing stops this loop but cancellation: while it is down, pools re-check on
-        their own every `recheck_s`.
-        """
-        backoff = 0.1
-        while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(*self.pools)
-                backoff = 0.1
-                for pool in self.pools.values():
-                    pool.wake()  # messages may have been lost while unsubscribed
-                while True:
-                    message = await pubsub.get_message(timeout=None)
-                    heard = self.pools.get(message["channel"]) if message else None
-                    if heard is not None:
-                        heard.heard(message["data"])
-            except (RedisError, OSError) as exc:
-                log.debug("redis wake-up subscription lost (%s); resubscribing", exc)
-            except Exception:  # a bug here must not end wake-ups for good: log it, go on
-                log.exception("redis wake-up listener failed; resubscribing")
-            finally:
-                with contextlib.suppress(RedisError, OSError, RuntimeError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(backoff)  # a reconnect backoff
-            backoff = min(2.0, backoff * 2)
-
-    async def close(self) -> None:
-        for task in (self._listener, self._prober):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if self._background:
-            await asyncio.wait(self._background, timeout=self.call_timeout_s * _RETRIES)
-        await self.client.aclose()
 
 
 class RedisLease:
@@ -447,7 +329,7 @@ class RedisSlotPool:
             await self._retried("release", ticket_id)  # same id: a no-op when never granted
 
     async def _retried(self, script: str, item: str) -> int:
-        for attempt in range(_RETRIES):
+        for attempt in range(RETRIES):
             try:
                 done, *counts = await self.coordinator.call(
                     script, self.keys, [item, self.channel])

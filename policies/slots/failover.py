@@ -19,16 +19,16 @@ from typing import Any
 
 from policies.breaker import BreakerState
 from policies.config import Priority
-from policies.redis_slots import RedisSlotPool, RedisTicket
-from policies.slots import (
+from policies.slots.base import (
     CoordinationError,
     Lease,
-    LocalSlotPool,
     PoolSnapshot,
     PoolUnavailable,
     QueueTimeout,
     Ticket,
 )
+from policies.slots.local import LocalSlotPool
+from policies.slots.redis import RedisSlotPool, RedisTicket
 
 
 def local_share(slots: int, expected_replicas: int) -> int:

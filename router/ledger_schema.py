@@ -1,0 +1,57 @@
+"""The ledger's portable SQL: the table, its numbered migrations and the shared queries.
+
+Both stores (`router.ledger_store` for SQLite, `router.ledger_postgres`) read these; it
+imports neither. Placeholders are spelled by the caller (`?` or `$1`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from router.ledger import COLUMNS, RowFilter
+
+# Portable column types: SQLite reads these as affinities, PostgreSQL as they are.
+_TYPES = {
+    "id": "TEXT PRIMARY KEY", "ts": "DOUBLE PRECISION NOT NULL", "request_id": "TEXT NOT NULL",
+    "endpoint": "TEXT NOT NULL", "stream": "BOOLEAN NOT NULL", "status": "INTEGER NOT NULL",
+    "p_simple": "DOUBLE PRECISION", "queue_wait_ms": "DOUBLE PRECISION NOT NULL",
+    "ttft_ms": "DOUBLE PRECISION", "total_ms": "DOUBLE PRECISION NOT NULL",
+    "slot_ms": "DOUBLE PRECISION NOT NULL", "prompt_tokens": "INTEGER NOT NULL",
+    "completion_tokens": "INTEGER NOT NULL", "tokens_estimated": "BOOLEAN NOT NULL",
+    "cost": "DOUBLE PRECISION NOT NULL", "counterfactual_cost": "DOUBLE PRECISION NOT NULL",
+}
+_V1_COLUMNS = COLUMNS[:COLUMNS.index("key_id")]  # the table as step 1 made it
+_CREATE = "CREATE TABLE requests (\n  " + ",\n  ".join(
+    f'"{name}" {_TYPES.get(name, "TEXT")}' for name in _V1_COLUMNS) + "\n)"
+COLUMN_LIST = ", ".join(f'"{name}"' for name in COLUMNS)  # quoted: "primary" is a keyword
+
+# Each step runs once, in order, in one transaction with its version record.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, (_CREATE,
+         "CREATE INDEX requests_ts ON requests (ts)",
+         "CREATE INDEX requests_experiment_ts ON requests (experiment, ts)")),
+    (2, ("ALTER TABLE requests ADD COLUMN key_id TEXT",
+         "CREATE INDEX requests_key_ts ON requests (key_id, ts)")),
+)
+# What each key spent since a time (for budgets, read at startup).
+SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "
+         "WHERE ts >= {mark} AND key_id IS NOT NULL GROUP BY key_id")
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+# The oldest rows beyond the newest N: the cut is found by walking the ts index from the
+# newest end, so the cost is that of N index entries, not a sort of the table.
+TRIM = ("DELETE FROM requests WHERE ts < (SELECT ts FROM requests ORDER BY ts DESC "
+        "LIMIT 1 OFFSET {mark})")
+
+
+def where_clause(where: RowFilter, mark: Callable[[int], str]) -> tuple[str, list[object]]:
+    """SQL conditions for a filter; `mark(i)` spells the i-th placeholder (1-based)."""
+    terms: list[str] = []
+    args: list[object] = []
+    for column, op, value in (("ts", ">=", where.since), ("ts", "<", where.until),
+                              ("experiment", "=", where.experiment),
+                              ("route", "=", where.route)):
+        if value is not None:
+            args.append(value)
+            terms.append(f"{column} {op} {mark(len(args))}")
+    return (" WHERE " + " AND ".join(terms) if terms else ""), args
+
