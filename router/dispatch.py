@@ -292,8 +292,7 @@ class Exchange:
         finally:
             if not forwarding.done():
                 forwarding.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await forwarding
+                await asyncio.wait({forwarding})  # raises only a cancellation of our own
         if not forwarding.cancelled():
             return forwarding.result()
         err = ApiError(503, "This request's slot lease was lost (the gateway could not renew "
@@ -398,9 +397,11 @@ class Exchange:
         if waiting.done():
             offers.withdraw(offer)  # also returns a fallback slot granted at the same instant
             return waiting.result()
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
+        try:
+            await abandon(waiting)  # leave the primary's queue; the client may leave meanwhile
+        except BaseException:
+            offers.withdraw(offer)  # then the fallback's slot goes back, unused
+            raise
         assert self.facts is not None
         self.rec.backend = offers.pool.name
         self.rec.reason = f"fallback:simple:{self.facts.intent}:{self.facts.p_simple:.2f}"
