@@ -22,12 +22,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
 from policies.config import Config, FallbackWhen, Overflow, Priority, RouteConfig
+from policies.failures import FailureKind
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
 from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
 from router.access_log import log_refused
 from router.body import BodyHold
+from router.failures import UpstreamFailure
 from router.faults import BackendOpened, retry_after_s, retryable
 from router.forwarding import Forwarding
 from router.gateway import GATEWAY, Gateway
@@ -69,6 +71,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                         time.time(), own,
                         tenant=None if gw.keyring.enabled else key_id(request))
     exchange = Exchange(request, gw, rec, config)
+    failed: FailureKind | None = None  # how the upstream exchange failed, if it did
     gw.enter(request.task)
     try:
         if gw.draining:
@@ -112,6 +115,11 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                                      rec.backend or route.primary) from None
         rec.status = response.status
         return response
+    except UpstreamFailure as failure:  # the response edge: the client's OpenAI-shaped error
+        failed = failure.kind
+        err = failure.api_error()
+        rec.status, rec.error = err.status, err.code
+        return await exchange.fail(err)
     except ApiError as err:
         rec.status, rec.error = err.status, err.code
         return await exchange.fail(err)
@@ -146,7 +154,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         exchange.hold.release()
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
-        gw.record(rec)
+        gw.record(rec, failed)
         logs = config.logging
         if logs.access and log.isEnabledFor(logging.INFO):
             if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
@@ -195,10 +203,10 @@ class Exchange:
         while True:
             try:
                 return await self.serve(parsed, lease)
-            except ApiError as err:
+            except UpstreamFailure as failure:
                 # Retry on the route's next backend before the first byte, within budget,
                 # unless the request itself caused the failure (it would walk the route).
-                if not retryable(err) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
+                if not retryable(failure) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                     raise
                 later = chain[chain.index(lease.pool) + 1:] if lease.pool in chain else []
                 after = next((b for b in later if health.allows(b)), None)
@@ -226,12 +234,13 @@ class Exchange:
                 response = await self.forward_while_held(parsed, lease.pool, lost)
             self.gw.health.succeeded(lease.pool)
             return response
-        except ApiError as err:
+        except UpstreamFailure as failure:
             # The engine's faults only; an unsure one waits for the backend's health check
             # with the slot held, so that a failing engine's queue moves before it frees.
-            await self.gw.health.report(lease.pool, err)
-            if err.status == 429:  # the engine's own backpressure: honour its Retry-After
-                self.gw.health.throttle(lease.pool, retry_after_s(err.headers.get("Retry-After")))
+            await self.gw.health.report(lease.pool, failure)
+            if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour
+                self.gw.health.throttle(  # its Retry-After
+                    lease.pool, retry_after_s(failure.headers.get("Retry-After")))
             raise
         finally:
             held_s = lease.held_s
