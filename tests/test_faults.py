@@ -278,3 +278,26 @@ def test_failure_kinds_keep_the_error_codes_and_metric_labels_of_old() -> None:
         FailureKind.UPSTREAM_4XX: ("upstream_error", "status"),
         FailureKind.UPSTREAM_AUTH: ("upstream_auth_failed", None),
     }
+
+
+async def test_each_failure_is_counted_under_its_kind_and_logged_with_its_code(
+    start: StartGateway,
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", 1, first_byte_timeout_s=0.2)))
+    sim = engine(gw)
+    for fault in (FaultMode.ERROR_500, FaultMode.HANG, FaultMode.REFUSE):
+        sim.inject_fault(fault)
+        with pytest.raises(openai.APIStatusError):
+            await sdk(gw).chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"X-Request-Id": fault.value})
+    assert {r.request_id: (r.status, r.error) for r in gw.gateway.recent} == {
+        FaultMode.ERROR_500.value: (500, "upstream_error"),
+        FaultMode.HANG.value: (504, "upstream_timeout"),
+        FaultMode.REFUSE.value: (502, "upstream_unreachable"),
+    }
+    registry = gw.gateway.metrics.registry
+    for kind in ("status", "timeout", "connect"):
+        assert registry.get_sample_value(
+            "slotgate_upstream_errors_total", {"backend": "big", "kind": kind}) == 1
+    await assert_idle(gw)
