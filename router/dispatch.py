@@ -43,10 +43,10 @@ from router.openai_api import (
     read_body,
     upstream_body,
 )
-from router.proxy import SSE_HEADERS, ClientGone, Relay, drain_if_abandoned, forward
+from router.proxy import ClientGone, Relay, drain_if_abandoned, forward
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.rejections import rejection
-from router.sse import Usage, start_frame
+from router.sse import SSE_HEADERS, Usage, start_frame
 from router.usage import CLIENT_CLOSED, count_tokens
 from router.waits import Interrupt, abandon
 

@@ -29,7 +29,7 @@ from policies.headers import HOP_BY_HOP
 from router.failures import UpstreamFailure
 from router.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
 from router.openai_api import ApiError, Endpoint
-from router.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, Usage
+from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
 from router.upstream_http import (
     BadResponse,
     ConnectFailed,
@@ -45,13 +45,6 @@ _NOT_RETURNED = HOP_BY_HOP | {
     "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
 }
 ERROR_BODY_LIMIT = 64 * 1024
-
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
-
 
 class ClientGone(Exception):
     """The downstream client closed its connection."""
