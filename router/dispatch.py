@@ -21,16 +21,25 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
-from policies.config import Config, FallbackWhen, Overflow, Priority, RouteConfig
+from policies.config import Config, FallbackWhen, Priority, RouteConfig
+from policies.eta import advised_retry_s
 from policies.failures import FailureKind
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
 from policies.handover import MoveOffers
-from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
+from policies.slots import (
+    Lease,
+    PoolSnapshot,
+    PoolUnavailable,
+    QueueShed,
+    QueueTimeout,
+    SlotPool,
+    Ticket,
+)
 from router.access_log import log_refused
 from router.body import BodyHold
 from router.failures import UpstreamFailure
-from router.faults import BackendOpened, retry_after_s, retryable
+from router.faults import BackendOpened, parse_retry_after, retryable
 from router.forwarding import Forwarding
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
@@ -85,7 +94,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         check_content_encoding(request)
         if caller is not None:  # the key's own limits, checked before its body is read
             if (refusal := gw.quotas.admit(caller.key_id)) is not None:
-                raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
+                raise exchange.rejection(refusal.reason, refusal.advised_retry_s, None,
                                          refusal.message)
             rec.quota_held = True
         server = config.server
@@ -240,7 +249,7 @@ class Exchange:
             await self.gw.health.report(lease.pool, failure)
             if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour
                 self.gw.health.throttle(  # its Retry-After
-                    lease.pool, retry_after_s(failure.headers.get("Retry-After")))
+                    lease.pool, parse_retry_after(failure.headers.get("Retry-After")))
             raise
         finally:
             held_s = lease.held_s
@@ -270,10 +279,10 @@ class Exchange:
             decision = decide(
                 primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow,
                 server.retry_after_min_s, server.retry_after_max_s, self.priority,
+                forecast=self.next_slot_s,
             )
             if isinstance(decision, Reject):
-                tried = [primary, *fallbacks] if route.overflow is Overflow.FALLBACK else [primary]
-                raise self.rejection(decision.reason, self.retry_after(tried), primary.name)
+                raise self.rejection(decision.reason, decision.advised_retry_s, primary.name)
             target, reason, movable = decision.pool, decision.reason.value, None
             if target == primary.name and _may_steer(route, decision):
                 step = self.steer(parsed, route)
@@ -474,11 +483,16 @@ class Exchange:
             out["x-slotgate-arm"] = rec.arm
         return out
 
+    def next_slot_s(self, pool: PoolSnapshot) -> float:
+        """The pool's own forecast of seconds until its next slot frees."""
+        return self.gw.pools[pool.name].forecast(1)
+
     def retry_after(self, pools: Sequence[SlotPool]) -> int:
-        """Whole seconds until the first of `pools` is expected to take a request again."""
+        """The Retry-After of a request refused by `pools` (its queue full, its wait over):
+        the same forecast and bounds as an admission's `Reject`."""
         server = self.config.server
-        soonest = min(pool.forecast(1) for pool in pools)
-        return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
+        return advised_retry_s((pool.forecast(1) for pool in pools),
+                               server.retry_after_min_s, server.retry_after_max_s)
 
     def rejection(self, reason: RejectReason, retry_s: int, backend: str | None,
                   message: str | None = None) -> ApiError:

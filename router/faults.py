@@ -54,7 +54,7 @@ def retryable(failure: UpstreamFailure) -> bool:
     return failures.retryable(failure.kind, failure.engine_status, failure.healthy)
 
 
-def retry_after_s(value: str | None, default_s: float = 1.0) -> float:
+def parse_retry_after(value: str | None, default_s: float = 1.0) -> float:
     """An upstream Retry-After in seconds (the HTTP-date form is not worth trusting)."""
     try:
         seconds = float(value) if value is not None else default_s
