@@ -9,11 +9,11 @@ the `sheddable` waiters a newcomer of a higher class would displace.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from policies.config import Overflow, Priority
-from policies.eta import retry_after_s
+from policies.eta import advised_retry_s
 from policies.slots import PoolSnapshot
 
 
@@ -48,7 +48,7 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class Reject:
     reason: RejectReason
-    retry_after_s: int
+    advised_retry_s: int  # the Retry-After the client is given
 
 
 Decision = Run | Wait | Reject
@@ -61,7 +61,11 @@ def decide(
     retry_floor_s: int = 1,
     retry_cap_s: int = 60,
     priority: Priority = Priority.STANDARD,
+    *,
+    forecast: Callable[[PoolSnapshot], float],
 ) -> Decision:
+    """Where the request goes, or why not. `forecast(pool)`: the pool's own forecast of
+    seconds until its next slot frees, asked only for a rejection's Retry-After."""
     if primary.free > 0 and primary.queued == 0:
         return Run(primary.name, RouteReason.PRIMARY)
     if primary.room_for(priority) > 0:
@@ -75,4 +79,5 @@ def decide(
             if pool.room_for(priority) > 0:
                 return Wait(pool.name, RouteReason.OVERFLOW)
         considered.extend(fallbacks)
-    return Reject(RejectReason.QUEUE_FULL, retry_after_s(considered, retry_floor_s, retry_cap_s))
+    return Reject(RejectReason.QUEUE_FULL, advised_retry_s(
+        map(forecast, considered), retry_floor_s, retry_cap_s))

@@ -415,32 +415,17 @@ class PoolLoad(Protocol):
     @property
     def mean_hold_s(self) -> float: ...
 
-    @property
-    def free(self) -> int: ...
-
-    @property
-    def queue_room(self) -> int: ...
-
 
 def naive_wait(mean_hold_s: float, capacity: int, position: int) -> float:
     """(position / capacity) * mean hold: a slot frees every mean / capacity seconds."""
     return position * mean_hold_s / capacity
 
 
-def seconds_until_room(pool: PoolLoad) -> float:
-    """Expected seconds until `pool` can take one more request (slot or queue place).
-
-    With every slot busy, a slot frees on average every mean_hold / capacity seconds,
-    and each release moves the queue up by one.
-    """
-    if pool.free > 0 or pool.queue_room > 0:
-        return 0.0
-    return pool.mean_hold_s / pool.capacity
-
-
-def retry_after_s(pools: Iterable[PoolLoad], floor_s: int, cap_s: int) -> int:
-    """Whole seconds (>= floor_s >= 1, <= cap_s) until the first of `pools` has room."""
-    soonest = min((seconds_until_room(p) for p in pools), default=float(floor_s))
+def advised_retry_s(forecasts_s: Iterable[float], floor_s: int, cap_s: int) -> int:
+    """The Retry-After a refused request is given: whole seconds (>= floor_s >= 1, <= cap_s)
+    until the soonest of `forecasts_s` (each a full pool's forecast of its next free slot,
+    which also frees a place in its queue)."""
+    soonest = min(forecasts_s, default=float(floor_s))
     return max(floor_s, min(cap_s, math.ceil(soonest)))
 
 

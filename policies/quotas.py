@@ -72,7 +72,7 @@ class KeyState:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     reason: RejectReason
-    retry_after_s: int
+    advised_retry_s: int  # the Retry-After the client is given
     message: str
 
 

@@ -21,14 +21,25 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
-from policies.config import Config, FallbackWhen, Overflow, Priority, RouteConfig
+from policies.config import Config, FallbackWhen, Priority, RouteConfig
+from policies.eta import advised_retry_s
+from policies.failures import FailureKind
 from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
 from policies.fallback import decide as steer
-from policies.slots import Lease, PoolUnavailable, QueueShed, QueueTimeout, SlotPool, Ticket
+from policies.slots import (
+    Lease,
+    PoolSnapshot,
+    PoolUnavailable,
+    QueueShed,
+    QueueTimeout,
+    SlotPool,
+    Ticket,
+)
 from policies.slots.handover import MoveOffers
 from router.access_log import log_refused
 from router.body import BodyHold
-from router.faults import BackendOpened, retry_after_s, retryable
+from router.failures import UpstreamFailure
+from router.faults import BackendOpened, parse_retry_after, retryable
 from router.forwarding import Forwarding
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
@@ -41,10 +52,10 @@ from router.openai_api import (
     read_body,
     upstream_body,
 )
-from router.proxy import SSE_HEADERS, ClientGone, Relay, drain_if_abandoned, forward
+from router.proxy import ClientGone, Relay, drain_if_abandoned, forward
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.rejections import rejection
-from router.sse import Usage, start_frame
+from router.sse import SSE_HEADERS, Usage, start_frame
 from router.usage import CLIENT_CLOSED, count_tokens
 from router.waits import Interrupt, abandon
 
@@ -69,6 +80,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                         time.time(), own,
                         tenant=None if gw.keyring.enabled else key_id(request))
     exchange = Exchange(request, gw, rec, config)
+    failed: FailureKind | None = None  # how the upstream exchange failed, if it did
     gw.enter(request.task)
     try:
         if gw.draining:
@@ -82,7 +94,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         check_content_encoding(request)
         if caller is not None:  # the key's own limits, checked before its body is read
             if (refusal := gw.quotas.admit(caller.key_id)) is not None:
-                raise exchange.rejection(refusal.reason, refusal.retry_after_s, None,
+                raise exchange.rejection(refusal.reason, refusal.advised_retry_s, None,
                                          refusal.message)
             rec.quota_held = True
         server = config.server
@@ -112,6 +124,11 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                                      rec.backend or route.primary) from None
         rec.status = response.status
         return response
+    except UpstreamFailure as failure:  # the response edge: the client's OpenAI-shaped error
+        failed = failure.kind
+        err = failure.api_error()
+        rec.status, rec.error = err.status, err.code
+        return await exchange.fail(err)
     except ApiError as err:
         rec.status, rec.error = err.status, err.code
         return await exchange.fail(err)
@@ -146,7 +163,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         exchange.hold.release()
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
-        gw.record(rec)
+        gw.record(rec, failed)
         logs = config.logging
         if logs.access and log.isEnabledFor(logging.INFO):
             if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
@@ -195,10 +212,10 @@ class Exchange:
         while True:
             try:
                 return await self.serve(parsed, lease)
-            except ApiError as err:
+            except UpstreamFailure as failure:
                 # Retry on the route's next backend before the first byte, within budget,
                 # unless the request itself caused the failure (it would walk the route).
-                if not retryable(err) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
+                if not retryable(failure) or self.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                     raise
                 later = chain[chain.index(lease.pool) + 1:] if lease.pool in chain else []
                 after = next((b for b in later if health.allows(b)), None)
@@ -226,12 +243,13 @@ class Exchange:
                 response = await self.forward_while_held(parsed, lease.pool, lost)
             self.gw.health.succeeded(lease.pool)
             return response
-        except ApiError as err:
+        except UpstreamFailure as failure:
             # The engine's faults only; an unsure one waits for the backend's health check
             # with the slot held, so that a failing engine's queue moves before it frees.
-            await self.gw.health.report(lease.pool, err)
-            if err.status == 429:  # the engine's own backpressure: honour its Retry-After
-                self.gw.health.throttle(lease.pool, retry_after_s(err.headers.get("Retry-After")))
+            await self.gw.health.report(lease.pool, failure)
+            if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour
+                self.gw.health.throttle(  # its Retry-After
+                    lease.pool, parse_retry_after(failure.headers.get("Retry-After")))
             raise
         finally:
             held_s = lease.held_s
@@ -261,10 +279,10 @@ class Exchange:
             decision = decide(
                 primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow,
                 server.retry_after_min_s, server.retry_after_max_s, self.priority,
+                forecast=self.next_slot_s,
             )
             if isinstance(decision, Reject):
-                tried = [primary, *fallbacks] if route.overflow is Overflow.FALLBACK else [primary]
-                raise self.rejection(decision.reason, self.retry_after(tried), primary.name)
+                raise self.rejection(decision.reason, decision.advised_retry_s, primary.name)
             target, reason, movable = decision.pool, decision.reason.value, None
             if target == primary.name and _may_steer(route, decision):
                 step = self.steer(parsed, route)
@@ -292,8 +310,7 @@ class Exchange:
         finally:
             if not forwarding.done():
                 forwarding.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await forwarding
+                await asyncio.wait({forwarding})  # raises only a cancellation of our own
         if not forwarding.cancelled():
             return forwarding.result()
         err = ApiError(503, "This request's slot lease was lost (the gateway could not renew "
@@ -398,9 +415,11 @@ class Exchange:
         if waiting.done():
             offers.withdraw(offer)  # also returns a fallback slot granted at the same instant
             return waiting.result()
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
+        try:
+            await abandon(waiting)  # leave the primary's queue; the client may leave meanwhile
+        except BaseException:
+            offers.withdraw(offer)  # then the fallback's slot goes back, unused
+            raise
         assert self.facts is not None
         self.rec.backend = offers.pool.name
         self.rec.reason = f"fallback:simple:{self.facts.intent}:{self.facts.p_simple:.2f}"
@@ -464,11 +483,16 @@ class Exchange:
             out["x-slotgate-arm"] = rec.arm
         return out
 
+    def next_slot_s(self, pool: PoolSnapshot) -> float:
+        """The pool's own forecast of seconds until its next slot frees."""
+        return self.gw.pools[pool.name].forecast(1)
+
     def retry_after(self, pools: Sequence[SlotPool]) -> int:
-        """Whole seconds until the first of `pools` is expected to take a request again."""
+        """The Retry-After of a request refused by `pools` (its queue full, its wait over):
+        the same forecast and bounds as an admission's `Reject`."""
         server = self.config.server
-        soonest = min(pool.forecast(1) for pool in pools)
-        return max(server.retry_after_min_s, min(server.retry_after_max_s, math.ceil(soonest)))
+        return advised_retry_s((pool.forecast(1) for pool in pools),
+                               server.retry_after_min_s, server.retry_after_max_s)
 
     def rejection(self, reason: RejectReason, retry_s: int, backend: str | None,
                   message: str | None = None) -> ApiError:

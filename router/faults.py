@@ -24,13 +24,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
-from policies.breaker import Blame, BreakerState, CircuitBreaker, blame_status, confirmed_failures
+from policies import failures
+from policies.breaker import Blame, BreakerState, CircuitBreaker, confirmed_failures
 from policies.config import BackendConfig, Overflow, RouteConfig
+from router.failures import UpstreamFailure
 from router.openai_api import ApiError
-from router.proxy import EngineError
 
-# Error codes (router.proxy) of a connection that failed: refused, reset, dropped, timed out.
-BACKEND_FAILURES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_dropped"})
 RETRY_SHARE, RETRY_MIN = 0.2, 3
 MAX_THROTTLE_S = 300.0  # an upstream Retry-After is honoured up to this
 log = logging.getLogger("slotgate")
@@ -38,31 +37,24 @@ log = logging.getLogger("slotgate")
 Probe = Callable[[str], Awaitable[bool]]  # backend name -> does it answer a health check?
 
 
-def blame(err: ApiError) -> Blame:
-    """Whose fault is `err`, an upstream failure? (The gateway's own errors: the request's.)"""
-    if isinstance(err, EngineError):
-        return blame_status(err.engine_status)
-    return Blame.ENGINE if err.code in BACKEND_FAILURES else Blame.REQUEST
+def blame(failure: UpstreamFailure) -> Blame:
+    """Whose fault is `failure`?"""
+    return failures.blame(failure.kind, failure.engine_status)
 
 
-def backend_failed(err: ApiError) -> bool:
+def backend_failed(failure: UpstreamFailure) -> bool:
     """Did the backend itself certainly fail (as opposed to refusing a bad request)?"""
-    return blame(err) is Blame.ENGINE
+    return blame(failure) is Blame.ENGINE
 
 
-def retryable(err: ApiError) -> bool:
+def retryable(failure: UpstreamFailure) -> bool:
     """May the request go to another backend (nothing was generated for it, and it would
     not fail there the same way)? Not when the engine passed its health check after an
     unsure failure: the request caused it (`BackendHealth.report` made the check)."""
-    if err.status == 429:
-        return True
-    verdict = blame(err)
-    if verdict is Blame.UNSURE and isinstance(err, EngineError):
-        return not err.healthy
-    return verdict is Blame.ENGINE
+    return failures.retryable(failure.kind, failure.engine_status, failure.healthy)
 
 
-def retry_after_s(value: str | None, default_s: float = 1.0) -> float:
+def parse_retry_after(value: str | None, default_s: float = 1.0) -> float:
     """An upstream Retry-After in seconds (the HTTP-date form is not worth trusting)."""
     try:
         seconds = float(value) if value is not None else default_s
@@ -202,16 +194,16 @@ class BackendHealth:
         if breaker is not None:
             breaker.failure()
 
-    async def report(self, name: str, err: ApiError) -> None:
-        """A request on `name` failed with `err`: count the engine's faults; for an unsure
-        one, wait for the backend's health check, which decides (`err.healthy`)."""
-        verdict = blame(err)
+    async def report(self, name: str, failure: UpstreamFailure) -> None:
+        """A request on `name` failed: count the engine's faults; for an unsure one, wait
+        for the backend's health check, which decides (`failure.healthy`)."""
+        verdict = blame(failure)
         if verdict is Blame.ENGINE:
             self.failed(name)
-        elif verdict is Blame.UNSURE and isinstance(err, EngineError):
+        elif verdict is Blame.UNSURE:
             check = self._confirm(name)
             if check is not None:  # shielded: shared, and it counts whoever stops waiting
-                err.healthy = await asyncio.shield(check)
+                failure.healthy = await asyncio.shield(check)
 
     def _confirm(self, name: str) -> asyncio.Task[bool] | None:
         """One health check per backend at a time, shared by every unsure failure until it

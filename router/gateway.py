@@ -17,6 +17,7 @@ from classifier.model import IntentClassifier
 from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
 from policies.experiments import Experiment
+from policies.failures import FailureKind
 from policies.pricing import SlotTimeModel
 from policies.quotas import Quotas
 from policies.slots import SlotPool
@@ -132,8 +133,9 @@ class Gateway:
         retry_s = self.config.server.retry_after_min_s
         return rejection(self.metrics, RejectReason.BODY_BYTES, retry_s, None)
 
-    def record(self, rec: RequestRecord) -> None:
-        self.metrics.record(rec, rec.primary)
+    def record(self, rec: RequestRecord, failed: FailureKind | None = None) -> None:
+        """Account for a finished request (`failed`: how its upstream exchange failed)."""
+        self.metrics.record(rec, rec.primary, failed)
         if self.keyring.enabled and rec.key_id is None:
             # Refused before its caller was known: counted, and nothing else kept (no
             # ledger row; a flood of them must not push real requests out of `recent`).

@@ -167,8 +167,9 @@ class Ledger:
         self._closing = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task})  # raises only a cancellation of close's own
+            if not self._task.cancelled() and (failed := self._task.exception()) is not None:
+                raise failed
         try:
             await self.flush()
         except Exception:  # any store's driver error: say how many rows are lost, then close

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from policies.failures import FailureKind, metric_kind
 from router.auth import AUTH_FAILURES
 from router.tallies import Spread, Tally
 
@@ -25,14 +26,6 @@ if TYPE_CHECKING:
 # LLM latencies: from a quick first token to a two-minute answer.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 CLASSIFIER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
-UPSTREAM_ERROR_KIND = {
-    "upstream_unreachable": "connect",
-    "upstream_timeout": "timeout",
-    "upstream_dropped": "dropped",
-    "upstream_too_large": "dropped",
-    "upstream_error": "status",
-}
-
 
 class Metrics:
     def __init__(self) -> None:
@@ -94,15 +87,17 @@ class Metrics:
         self.queue_wait.labels(pool.name)  # export zeros before the first request
         self.holding.series((pool.name,))
 
-    def record(self, rec: RequestRecord, primary: str | None) -> None:
-        """Everything a finished request tells, from its record."""
+    def record(self, rec: RequestRecord, primary: str | None,
+               failed: FailureKind | None = None) -> None:
+        """Everything a finished request tells, from its record (`failed`: how its upstream
+        exchange failed, if it did)."""
         backend = rec.backend or "none"
         if rec.status:
             self.requests.add((rec.route or "unknown", backend, f"{rec.status // 100}xx"))
         if rec.error in AUTH_FAILURES:
             self.auth_failures.add((rec.error,))
-        elif rec.error in UPSTREAM_ERROR_KIND and rec.backend:
-            self.upstream_errors.labels(rec.backend, UPSTREAM_ERROR_KIND[rec.error]).inc()
+        elif failed is not None and rec.backend and (kind := metric_kind(failed)) is not None:
+            self.upstream_errors.labels(rec.backend, kind).inc()
         if rec.disconnect is not None and rec.backend:
             self.disconnects.labels(rec.backend, rec.disconnect.value).inc()
         if rec.reason and rec.reason.startswith("fallback:") and primary and rec.backend:

@@ -22,6 +22,7 @@ from aiohttp import web
 from policies.config import Public
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import ApiError, not_found
+from router.sse import SSE_HEADERS
 
 WEB_DIR = Path(__file__).with_name("web")
 MAX_SUBSCRIBERS = 100  # dashboards connected at once; the next one gets 503
@@ -43,11 +44,6 @@ _HEADERS = {
     # no inline script or style, nothing from another origin (no CDN, no fonts)
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; "
                                "form-action 'self'; frame-ancestors 'none'",
-}
-_SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
 }
 
 
@@ -128,7 +124,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     unwatch: list[Callable[[], None]] = []
     pages.join(wake)
     loop = asyncio.get_running_loop()
-    response = web.StreamResponse(headers=_SSE_HEADERS)
+    response = web.StreamResponse(headers=SSE_HEADERS)
     try:
         unwatch.extend(pool.watch(lambda _pool: wake.set()) for pool in gw.pools.values())
         await response.prepare(request)

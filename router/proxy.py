@@ -21,13 +21,17 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
+from policies import failures
 from policies.config import BackendConfig
+from policies.failures import FailureKind
 from policies.fallback import estimate_tokens
 from policies.headers import HOP_BY_HOP
+from router.failures import UpstreamFailure
 from router.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
 from router.openai_api import ApiError, Endpoint
-from router.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, Usage
+from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
 from router.upstream_http import (
+    BadResponse,
     ConnectFailed,
     HttpPool,
     Response,
@@ -41,23 +45,6 @@ _NOT_RETURNED = HOP_BY_HOP | {
     "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
 }
 ERROR_BODY_LIMIT = 64 * 1024
-
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
-
-
-@dataclass(eq=False)
-class EngineError(ApiError):
-    """An error the engine answered itself (its HTTP status in `engine_status`), relayed to
-    the client; `healthy`: the backend's health check made after it, when the status alone
-    cannot tell whose fault it was (router.faults)."""
-
-    engine_status: int = 0
-    healthy: bool | None = None
-
 
 class ClientGone(Exception):
     """The downstream client closed its connection."""
@@ -179,8 +166,8 @@ async def forward(
 
     `response` is an already prepared SSE response (a stream that had to queue) or None.
     `relay` is filled in as the exchange goes; `rules` say which client headers pass.
-    Raises ApiError for upstream failures (the caller answers them, in-band once a stream
-    has begun) and ClientGone.
+    Raises UpstreamFailure (the caller answers it, in-band once a stream has begun),
+    ClientGone, and ApiError for a backend key the gateway cannot send.
     """
     cfg = upstream.config
     headers = forward_headers(request.headers, request_id, upstream.auth_header(),
@@ -198,7 +185,7 @@ async def forward(
         if up.status != 200:
             raise await _upstream_error(up, upstream.name, upstream.secret())
         if not stream:
-            raw = await _read_bounded(up, max_response_bytes)
+            raw = await _read_bounded(up, max_response_bytes, upstream.name)
             relay.first_byte_at = time.perf_counter()
             _usage_from_body(raw, relay.usage)
             done = True
@@ -230,24 +217,34 @@ async def forward(
         await _send(response.write_eof())
         return response
     except ConnectFailed as exc:
-        why = "connect timeout" if exc.timeout else "connection failed"
-        raise ApiError(502, f"Backend '{upstream.name}' is unreachable ({why}).",
-                       "api_error", "upstream_unreachable") from None
+        if exc.timeout:
+            raise UpstreamFailure(FailureKind.CONNECT_TIMEOUT, upstream.name,
+                                  f"Backend '{upstream.name}' is unreachable (connect timeout)."
+                                  ) from None
+        raise UpstreamFailure(FailureKind.REFUSED, upstream.name,
+                              f"Backend '{upstream.name}' is unreachable (connection failed)."
+                              ) from None
     except ResponseTimeout as exc:
         if exc.first_byte:
-            raise ApiError(504, f"Backend '{upstream.name}' sent no first byte within "
-                           f"{cfg.first_byte_timeout_s:g} s.", "api_error",
-                           "upstream_timeout") from None
-        raise ApiError(504, f"Backend '{upstream.name}' went idle for "
-                       f"{cfg.idle_timeout_s:g} s.", "api_error", "upstream_timeout") from None
+            raise UpstreamFailure(FailureKind.FIRST_BYTE_TIMEOUT, upstream.name,
+                                  f"Backend '{upstream.name}' sent no first byte within "
+                                  f"{cfg.first_byte_timeout_s:g} s.", status=504) from None
+        raise UpstreamFailure(FailureKind.IDLE_TIMEOUT, upstream.name,
+                              f"Backend '{upstream.name}' went idle for "
+                              f"{cfg.idle_timeout_s:g} s.", status=504) from None
     except EventTooLarge:
-        raise ApiError(502, f"Backend '{upstream.name}' sent an event over "
-                       f"{MAX_EVENT_BYTES} bytes.", "api_error", "upstream_too_large") from None
+        raise UpstreamFailure(FailureKind.TOO_LARGE, upstream.name,
+                              f"Backend '{upstream.name}' sent an event over "
+                              f"{MAX_EVENT_BYTES} bytes.") from None
     except ResponseDropped as exc:
-        what = "is unreachable" if relay.status == 0 else "dropped the connection"
-        raise ApiError(502, f"Backend '{upstream.name}' {what}: {type(exc).__name__}.",
-                       "api_error", "upstream_unreachable" if relay.status == 0
-                       else "upstream_dropped") from None
+        why = type(exc).__name__
+        if relay.status != 0:  # the answer had begun
+            raise UpstreamFailure(FailureKind.DROPPED, upstream.name,
+                                  f"Backend '{upstream.name}' dropped the connection: {why}."
+                                  ) from None
+        kind = FailureKind.BAD_RESPONSE if isinstance(exc, BadResponse) else FailureKind.REFUSED
+        raise UpstreamFailure(kind, upstream.name,
+                              f"Backend '{upstream.name}' is unreachable: {why}.") from None
     finally:
         if up is not None:
             if done:
@@ -280,14 +277,14 @@ async def _send(write: Any) -> None:
         raise ClientGone from None
 
 
-async def _read_bounded(up: Response, limit: int) -> bytes:
+async def _read_bounded(up: Response, limit: int, name: str) -> bytes:
     parts: list[bytes] = []
     size = 0
     while chunk := await up.readany():
         size += len(chunk)
         if size > limit:
-            raise ApiError(502, f"Backend answer exceeds {limit} bytes.", "api_error",
-                           "upstream_too_large")
+            raise UpstreamFailure(FailureKind.TOO_LARGE, name,
+                                  f"Backend answer exceeds {limit} bytes.")
         parts.append(chunk)
     return b"".join(parts)
 
@@ -315,25 +312,24 @@ def _answer_text(choice: object) -> str:
     return content if isinstance(content, str) else ""
 
 
-async def _upstream_error(up: Response, name: str,
-                          secret: str | None) -> ApiError:
+async def _upstream_error(up: Response, name: str, secret: str | None) -> UpstreamFailure:
     """Relay the backend's own error (status and OpenAI-shaped message) when it has one,
     without the backend key. A 401/403 is about the gateway's credentials, not the
     client's: it becomes a 502 that says so, with nothing of the backend's message."""
-    if up.status in (401, 403, 407):  # the gateway's config: no engine fault, no retry
-        return ApiError(502, f"Backend '{name}' refused the gateway's credentials (HTTP "
-                        f"{up.status}); check its api_key_env.", "api_error",
-                        "upstream_auth_failed")
+    kind = failures.answered(up.status)
+    if kind is FailureKind.UPSTREAM_AUTH:  # the gateway's config: no engine fault, no retry
+        return UpstreamFailure(kind, name, f"Backend '{name}' refused the gateway's "
+                               f"credentials (HTTP {up.status}); check its api_key_env.")
     raw = await up.read(ERROR_BODY_LIMIT)
     message = f"Backend '{name}' answered HTTP {up.status}."
-    kind, code = "api_error", "upstream_error"
+    type_, code = "api_error", None
     try:
         err = orjson.loads(raw).get("error")
     except (orjson.JSONDecodeError, AttributeError):
         err = None
     if isinstance(err, dict) and isinstance(err.get("message"), str):
         message = err["message"]
-        kind = err["type"] if isinstance(err.get("type"), str) else kind
+        type_ = err["type"] if isinstance(err.get("type"), str) else type_
         code = err["code"] if isinstance(err.get("code"), str) else code
     elif isinstance(err, str):
         message = err
@@ -342,4 +338,4 @@ async def _upstream_error(up: Response, name: str,
     headers = {}
     if status == 429 and "Retry-After" in up.headers:
         headers["Retry-After"] = up.headers["Retry-After"]
-    return EngineError(status, message, kind, code, headers=headers, engine_status=up.status)
+    return UpstreamFailure(kind, name, message, status, type_, code, up.status, headers)

@@ -40,12 +40,16 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from policies.admission import RejectReason
+from policies.failures import FailureKind, code
 from router.ledger import LedgerRow
 
 NONE_GROUP = "(none)"
 QUANTILE_METHOD: Final = "linear"
 CI_LEVEL = 0.95
-TIMEOUT_ERRORS = frozenset({"queue_timeout", "upstream_timeout"})
+# The ledger's error codes of a wait that ran out: the queue's, or the backend's timeouts.
+TIMEOUT_ERRORS = frozenset({RejectReason.QUEUE_TIMEOUT.value, code(FailureKind.FIRST_BYTE_TIMEOUT),
+                            code(FailureKind.IDLE_TIMEOUT)})
 _CHUNK_CELLS = 2_000_000  # bootstrap cells (resamples x rows) drawn at once: ~16 MB of float64
 
 Floats = NDArray[np.float64]

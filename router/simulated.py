@@ -27,7 +27,8 @@ _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "
 _WORD_JSON = tuple(orjson.dumps(w + " ") for w in _WORDS)
 _CYCLE = "".join(w + " " for w in _WORDS)
 _PREFIXES = tuple(_CYCLE[: sum(len(w) + 1 for w in _WORDS[:j])] for j in range(len(_WORDS)))
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# An engine's own stream headers (as vLLM sends them), not the gateway's (router.sse).
+_ENGINE_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -225,7 +226,7 @@ class SimEngine:
             if rec.fault is FaultMode.HANG:
                 await asyncio.get_running_loop().create_future()
             if plan.stream:
-                resp = web.StreamResponse(headers=_SSE_HEADERS)
+                resp = web.StreamResponse(headers=_ENGINE_SSE_HEADERS)
                 await resp.prepare(request)
             await self._acquire()
             try:

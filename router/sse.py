@@ -14,6 +14,13 @@ import orjson
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 _BOUNDARY = b"\n\n"
 MAX_EVENT_BYTES = 4 * 1024 * 1024  # one upstream event larger than this is a broken upstream
+# The headers of every event stream the gateway sends (answers, queue events, the console's
+# live feed): never cached, never buffered by a proxy in front (nginx's X-Accel-Buffering).
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
 
 
 class EventTooLarge(Exception):

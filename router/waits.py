@@ -4,7 +4,6 @@ backend (`Interrupt`), or given up while a slot may be on its way (`abandon`).""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from policies.slots import Lease
@@ -14,8 +13,7 @@ async def abandon(waiting: asyncio.Future[Lease]) -> None:
     """Stop waiting for a slot; a wait that already finished holds a lease: release it."""
     if not waiting.done():
         waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(waiting)
+        await asyncio.wait({waiting})  # raises only a cancellation of the caller's own
     if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
         await waiting.result().release()
 

@@ -6,7 +6,7 @@ import pytest
 
 from policies.admission import Reject, RejectReason, RouteReason, Run, Wait, decide
 from policies.config import Overflow
-from policies.eta import HoldTimeModel, retry_after_s
+from policies.eta import HoldTimeModel, advised_retry_s
 from policies.slots import PoolSnapshot
 
 
@@ -45,21 +45,44 @@ SMALL_FULL = snap("small", 8, 8, 4, 4)
 )
 def test_decide(primary: PoolSnapshot, fallbacks: list[PoolSnapshot], overflow: Overflow,
                 expected: object) -> None:
-    assert decide(primary, fallbacks, overflow) == expected
+    assert decide(primary, fallbacks, overflow, forecast=next_slot_s) == expected
+
+
+def next_slot_s(pool: PoolSnapshot) -> float:
+    """A stand-in for a pool's own forecast: a slot frees every mean hold / capacity."""
+    return pool.mean_hold_s / pool.capacity
+
+
+def test_a_rejection_advises_the_soonest_forecast_of_the_pools_it_considered() -> None:
+    forecasts = {"big": 7.2, "small": 3.1}
+    asked: list[str] = []
+
+    def forecast(pool: PoolSnapshot) -> float:
+        asked.append(pool.name)
+        return forecasts[pool.name]
+
+    assert decide(FULL, [SMALL_FULL], Overflow.FALLBACK, forecast=forecast) == Reject(
+        RejectReason.QUEUE_FULL, 4)
+    assert decide(FULL, [SMALL_FREE], Overflow.REJECT, 1, 5, forecast=forecast) == Reject(
+        RejectReason.QUEUE_FULL, 5)  # capped
+    assert decide(QUEUEING, [], Overflow.REJECT, forecast=forecast) == Wait(
+        "big", RouteReason.PRIMARY)
+    assert asked == ["big", "small", "big"]  # asked only to refuse
 
 
 @pytest.mark.parametrize(
-    ("pools", "floor", "cap", "expected"),
+    ("forecasts", "floor", "cap", "expected"),
     [
-        ([snap("a", 3, 3, 5, 5, hold=6.0)], 1, 60, 2),  # a slot frees every 2 s
-        ([snap("a", 3, 3, 5, 5, hold=0.1)], 1, 60, 1),  # never 0
-        ([snap("a", 1, 1, 5, 5, hold=500.0)], 1, 60, 60),  # capped
-        ([snap("a", 1, 1, 1, 1, hold=30.0), snap("b", 10, 10, 1, 1, hold=30.0)], 1, 60, 3),
-        ([snap("a", 1, 1, 1, 1, hold=3.0)], 5, 60, 5),  # floored
+        ([2.0], 1, 60, 2),
+        ([0.1], 1, 60, 1),  # never 0
+        ([0.0], 1, 60, 1),
+        ([500.0], 1, 60, 60),  # capped
+        ([30.0, 2.1], 1, 60, 3),  # the soonest, rounded up
+        ([3.0], 5, 60, 5),  # floored
     ],
 )
-def test_retry_after(pools: list[PoolSnapshot], floor: int, cap: int, expected: int) -> None:
-    assert retry_after_s(pools, floor, cap) == expected
+def test_advised_retry(forecasts: list[float], floor: int, cap: int, expected: int) -> None:
+    assert advised_retry_s(forecasts, floor, cap) == expected
 
 
 def test_hold_estimator_starts_from_first_measurement_then_smooths() -> None:

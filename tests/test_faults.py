@@ -11,7 +11,6 @@ import pytest
 from aiohttp import web
 
 from router.faults import BackendHealth
-from router.openai_api import ApiError
 from router.simulated import FaultMode
 from tests.conftest import (
     StartGateway,
@@ -100,18 +99,28 @@ async def test_an_open_breaker_without_a_fallback_is_503_with_retry_after(
 
 def test_what_counts_as_a_backend_failure_and_the_retry_budget() -> None:
     from policies.breaker import Blame
-    from router.faults import backend_failed, blame
-    from router.proxy import EngineError
+    from policies.failures import FailureKind, answered, blame, retryable
 
-    def answered(status: int) -> EngineError:
-        return EngineError(status, "x", code="upstream_error", engine_status=status)
+    def engine_blame(status: int) -> Blame:
+        return blame(answered(status), status)
 
-    assert backend_failed(ApiError(502, "x", code="upstream_unreachable"))
-    assert all(backend_failed(answered(status)) for status in (502, 503, 504))
-    assert blame(answered(500)) is Blame.UNSURE  # the health check decides
+    for kind in (FailureKind.REFUSED, FailureKind.CONNECT_TIMEOUT, FailureKind.DROPPED,
+                 FailureKind.FIRST_BYTE_TIMEOUT, FailureKind.IDLE_TIMEOUT,
+                 FailureKind.BAD_RESPONSE):
+        assert blame(kind) is Blame.ENGINE and retryable(kind)
+    assert all(engine_blame(status) is Blame.ENGINE for status in (502, 503, 504))
+    assert engine_blame(500) is Blame.UNSURE  # the health check decides
+    assert retryable(FailureKind.UPSTREAM_5XX, 500, healthy=False)
+    assert not retryable(FailureKind.UPSTREAM_5XX, 500, healthy=True)  # the request's fault
     for status in (400, 404, 413, 422):  # a bad request
-        assert blame(answered(status)) is Blame.REQUEST
-    assert not backend_failed(ApiError(429, "x", code="queue_full"))  # our own refusal
+        assert engine_blame(status) is Blame.REQUEST and not retryable(answered(status), status)
+    assert answered(429) is FailureKind.UPSTREAM_429 and retryable(FailureKind.UPSTREAM_429, 429)
+    assert engine_blame(429) is Blame.REQUEST  # backpressure, not a fault
+    for status in (401, 403, 407):  # the gateway's credentials: neither counted nor retried
+        assert answered(status) is FailureKind.UPSTREAM_AUTH
+        assert blame(FailureKind.UPSTREAM_AUTH) is Blame.REQUEST
+        assert not retryable(FailureKind.UPSTREAM_AUTH)
+    assert blame(FailureKind.TOO_LARGE) is Blame.REQUEST
     health = BackendHealth()
     assert health.may_retry(0)  # at least 3 in flight, whatever the load
     health.retrying = 3
@@ -250,3 +259,45 @@ async def test_an_upstream_429_is_honoured(start: StartGateway, with_fallback: b
         await assert_idle(gw)
     finally:
         await runner.cleanup()
+
+
+def test_failure_kinds_keep_the_error_codes_and_metric_labels_of_old() -> None:
+    """The ledger's error codes and the metric's `kind` labels are what they always were."""
+    from policies.failures import FailureKind, code, metric_kind
+
+    assert {kind: (code(kind), metric_kind(kind)) for kind in FailureKind} == {
+        FailureKind.REFUSED: ("upstream_unreachable", "connect"),
+        FailureKind.CONNECT_TIMEOUT: ("upstream_unreachable", "connect"),
+        FailureKind.BAD_RESPONSE: ("upstream_unreachable", "connect"),
+        FailureKind.FIRST_BYTE_TIMEOUT: ("upstream_timeout", "timeout"),
+        FailureKind.IDLE_TIMEOUT: ("upstream_timeout", "timeout"),
+        FailureKind.DROPPED: ("upstream_dropped", "dropped"),
+        FailureKind.TOO_LARGE: ("upstream_too_large", "dropped"),
+        FailureKind.UPSTREAM_5XX: ("upstream_error", "status"),
+        FailureKind.UPSTREAM_429: ("upstream_error", "status"),
+        FailureKind.UPSTREAM_4XX: ("upstream_error", "status"),
+        FailureKind.UPSTREAM_AUTH: ("upstream_auth_failed", None),
+    }
+
+
+async def test_each_failure_is_counted_under_its_kind_and_logged_with_its_code(
+    start: StartGateway,
+) -> None:
+    gw = await start(gateway_config(sim_backend("m", 1, first_byte_timeout_s=0.2)))
+    sim = engine(gw)
+    for fault in (FaultMode.ERROR_500, FaultMode.HANG, FaultMode.REFUSE):
+        sim.inject_fault(fault)
+        with pytest.raises(openai.APIStatusError):
+            await sdk(gw).chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"X-Request-Id": fault.value})
+    assert {r.request_id: (r.status, r.error) for r in gw.gateway.recent} == {
+        FaultMode.ERROR_500.value: (500, "upstream_error"),
+        FaultMode.HANG.value: (504, "upstream_timeout"),
+        FaultMode.REFUSE.value: (502, "upstream_unreachable"),
+    }
+    registry = gw.gateway.metrics.registry
+    for kind in ("status", "timeout", "connect"):
+        assert registry.get_sample_value(
+            "slotgate_upstream_errors_total", {"backend": "big", "kind": kind}) == 1
+    await assert_idle(gw)

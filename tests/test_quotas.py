@@ -169,7 +169,7 @@ def test_a_new_period_renews_the_budget_and_a_reload_keeps_the_spend() -> None:
     assert quotas.admit("k") is None
     quotas.finish("k", tokens=5, cost=1.5)
     refusal = quotas.admit("k")
-    assert refusal is not None and refusal.retry_after_s == 60
+    assert refusal is not None and refusal.advised_retry_s == 60
     quotas.configure([limits.model_copy(update={"max_concurrent": 3})])
     assert quotas.admit("k") is not None  # same period: the spend is kept
     now[0] += 61  # the next hour

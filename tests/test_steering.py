@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from openai import APIConnectionError
 
 from router.app import RunningGateway
 from tests.conftest import (
@@ -122,5 +123,43 @@ async def test_too_long_for_the_fallback_context_stays_on_the_primary(
     engine(gw, "big").release()
     raw = await task
     assert raw.headers["x-slotgate-backend"] == "big"
+    await asyncio.gather(*busy)
+    await assert_idle(gw)
+
+
+async def test_a_client_that_leaves_during_a_move_never_reaches_the_fallback(
+    start: StartGateway,
+) -> None:
+    """The client leaves at the instant its request leaves the primary's queue for a freed
+    fallback slot: the request ends there (the fallback's slot goes back, unused)."""
+    raw = steering_config()
+    raw["backends"]["small"]["slots"] = 1
+    raw["backends"]["small"]["simulated"]["max_num_seqs"] = 1
+    gw = await start(raw)
+    busy = await hold_primary(gw)
+    small = engine(gw, "small")
+    small.hold()
+    first = asyncio.create_task(ask(gw, "greeting"))  # takes the only fallback slot
+    await small.wait_until(lambda e: "greeting" in e.records)
+    before = set(gw.gateway.handlers)
+    second = asyncio.create_task(ask(gw, "translate"))  # must queue for the primary
+    await wait_pools(gw, lambda s: s["big"] == (3, 1))
+    (handler,) = set(gw.gateway.handlers) - before
+
+    def leave(pool: Any) -> None:  # the translation leaves the primary's queue: the move
+        if pool.queued == 0 and not handler.done():
+            handler.cancel()  # its client leaves at this very instant
+
+    unwatch = gw.gateway.pools["big"].watch(leave)
+    try:
+        small.release()  # the fallback slot frees: the queued translation is offered it
+        with pytest.raises(APIConnectionError):
+            await second
+    finally:
+        unwatch()
+    await first
+    assert "translate" not in engine(gw, "small").records
+    assert "translate" not in engine(gw, "big").records
+    engine(gw, "big").release()
     await asyncio.gather(*busy)
     await assert_idle(gw)
