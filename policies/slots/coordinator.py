@@ -133,11 +133,11 @@ class RedisCoordinator:
             backoff = min(2.0, backoff * 2)
 
     async def close(self) -> None:
-        for task in (self._listener, self._prober):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = {task for task in (self._listener, self._prober) if task is not None}
+        for task in tasks:
+            task.cancel()
+        if tasks:  # asyncio.wait: their cancellation ends here, a cancel of close() does not
+            await asyncio.wait(tasks)
         if self._background:
             await asyncio.wait(self._background, timeout=self.call_timeout_s * RETRIES)
         await self.client.aclose()
