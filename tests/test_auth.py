@@ -14,10 +14,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.app import RunningGateway
-from tests.conftest import StartGateway, assert_idle, gateway_config, sim_backend
-from tests.test_ledger_gateway import rows_of
+from tests.support import MESSAGES, StartGateway, assert_idle, gateway_config, rows_of, sim_backend
 
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
 TEAM_KEY = "sk-team-a-0123456789"
 
 

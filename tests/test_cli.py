@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import sqlite3
-import sys
 from pathlib import Path
 
 from openai import AsyncOpenAI
 
-SLOTGATE = str(Path(sys.executable).parent / "slotgate")
+from tests.support import SLOTGATE
 
 
 async def test_serve_embedded_config_answers_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from policies.config import Priority
 from policies.eta import HoldTimeEstimator
 from policies.redis_slots import RedisCoordinator, RedisSlotPool
 from policies.slots import Lease, LocalSlotPool, QueueShed, QueueTimeout, SlotPool, Ticket
-from tests.conftest import RedisServer
+from tests.support import RedisServer
 
 BOUND_S = 5.0  # the longest any step may take; a pass takes milliseconds
 

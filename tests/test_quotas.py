@@ -16,10 +16,16 @@ from openai import AsyncOpenAI
 from policies.config import ApiKeyConfig, BudgetConfig
 from policies.quotas import Quotas, period_bounds
 from router.app import RunningGateway
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
-from tests.test_ledger_gateway import rows_of
+from tests.support import (
+    MESSAGES,
+    StartGateway,
+    assert_idle,
+    engine,
+    gateway_config,
+    rows_of,
+    sim_backend,
+)
 
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
 KEYS = {name: f"sk-{name}-0123456789" for name in ("gold", "team", "batch", "capped", "metered")}
 
 

@@ -23,18 +23,18 @@ from openai import AsyncOpenAI
 
 from router.app import RunningGateway
 from router.json_bounds import check_bounds
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
     serve_app,
     sim_backend,
     wait_pools,
 )
 
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
 KEY = "sk-hostile-0123456789"
 
 
@@ -284,7 +284,9 @@ async def test_a_flood_of_tiny_values_is_refused_before_parsing(
     await assert_idle(gw)
 
 
-async def test_a_stalled_body_gets_408_at_the_read_timeout(start: StartGateway) -> None:
+async def test_a_stalled_body_gets_408_at_the_read_timeout(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     timeout_s = 0.5
     gw = await start(gateway_config(sim_backend("m", slots=1),
                                     server={"body_read_timeout_s": timeout_s}))
