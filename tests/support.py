@@ -168,8 +168,8 @@ class SdkClients:
         self._made: list[AsyncOpenAI] = []
 
     def __call__(self, gw: RunningGateway, **kwargs: Any) -> AsyncOpenAI:
-        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-client-secret",
-                             max_retries=0, **kwargs)
+        kwargs.setdefault("api_key", "sk-client-secret")
+        client = AsyncOpenAI(base_url=gw.url + "/v1", max_retries=0, **kwargs)
         self._made.append(client)
         return client
 
@@ -217,12 +217,14 @@ async def poll_until(condition: Callable[[], bool], within_s: float = 10.0,
 
 
 class GatewayProcess:
-    """`slotgate serve --config FILE --port 0`, its URL read from its own log."""
+    """`slotgate serve --config FILE --port 0`, its URL read from its own log; `stop()`
+    also closes the SDK clients `client()` made."""
 
     def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
         self.proc = proc
         self.url = url
         self.lines: list[bytes] = []
+        self._clients: list[AsyncOpenAI] = []
         self._new_line = asyncio.Event()
         self._drain = asyncio.create_task(self._read())  # keep the pipe empty
 
@@ -251,14 +253,20 @@ class GatewayProcess:
         return cls(proc, line.decode().split("listening on ")[1].split()[0])
 
     def client(self) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=self.url + "/v1", api_key="sk-test", max_retries=0)
+        self._clients.append(
+            AsyncOpenAI(base_url=self.url + "/v1", api_key="sk-test", max_retries=0))
+        return self._clients[-1]
 
     async def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signal the process, wait for its exit, then close its clients (only then: a
+        client closing first would end its requests before the signal does)."""
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
         async with asyncio.timeout(30):
             code = await self.proc.wait()
             await self._drain
+        while self._clients:
+            await self._clients.pop().close()
         return code
 
 

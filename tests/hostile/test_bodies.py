@@ -19,7 +19,6 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openai import AsyncOpenAI
 
 from router.app import RunningGateway
 from router.json_bounds import check_bounds
@@ -333,11 +332,11 @@ async def test_a_wrong_key_is_refused_before_any_body_byte(start: StartGateway) 
 
 
 async def test_the_keys_concurrency_cap_refuses_before_the_body_is_read(
-        start: StartGateway) -> None:
+        sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(auth_config(max_concurrent=1))
     sim = engine(gw)
     sim.hold()
-    client = AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+    client = sdk(gw, api_key=KEY)
     running = asyncio.create_task(
         client.chat.completions.create(model="chat", messages=MESSAGES))
     try:
