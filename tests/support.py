@@ -1,6 +1,7 @@
-"""What test modules share that is not a fixture: chat messages, gateway processes, ledger
-helpers, ordered sends and waiting for a condition (event-driven; polling only where the
-gateway offers no signal). Test modules import from here, never from one another.
+"""What test modules share that is not a fixture: configs and gateways in this process,
+the SDK clients, waiting for a condition (event-driven; polling only where the gateway offers
+no signal), `slotgate serve` processes, ledger rows and ordered sends. Test modules import
+from here (fixtures come from conftest.py), never from one another (tests/test_house.py).
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ class SdkClients:
 
 
 # -- waiting ----------------------------------------------------------------------------------
+# Wait for an event: `wait_pools` (the gateway's pools), `SimEngine.wait_until` (the simulated
+# engine), `Changes.wait_until` (state the test itself owns). `poll_until` is the bounded
+# fallback for the few facts nothing signals (an upstream connection's draining count).
 
 
 class Changes:
