@@ -7,9 +7,14 @@ from typing import Any
 
 import aiohttp
 
-from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
-
-MESSAGES: Any = [{"role": "user", "content": "hello there"}]
+from tests.support import (
+    MESSAGES,
+    SdkClients,
+    StartGateway,
+    assert_idle,
+    gateway_config,
+    sim_backend,
+)
 
 
 def config(tmp_path: Path) -> dict[str, Any]:
@@ -21,7 +26,9 @@ def config(tmp_path: Path) -> dict[str, Any]:
     return raw
 
 
-async def test_report_covers_rows_not_yet_flushed(start: StartGateway, tmp_path: Path) -> None:
+async def test_report_covers_rows_not_yet_flushed(
+    sdk: SdkClients, start: StartGateway, tmp_path: Path
+) -> None:
     gw = await start(config(tmp_path))
     arms = set()
     for i in range(12):

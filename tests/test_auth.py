@@ -14,15 +14,21 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.app import RunningGateway
-from tests.conftest import StartGateway, assert_idle, gateway_config, sim_backend
-from tests.test_ledger_gateway import rows_of
+from tests.support import (
+    MESSAGES,
+    SdkClients,
+    StartGateway,
+    assert_idle,
+    gateway_config,
+    rows_of,
+    sim_backend,
+)
 
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
 TEAM_KEY = "sk-team-a-0123456789"
 
 
-def client(gw: RunningGateway, key: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
+def client(sdk: SdkClients, gw: RunningGateway, key: str) -> AsyncOpenAI:
+    return sdk(gw, api_key=key)
 
 
 def config(tmp_path: Path) -> dict[str, Any]:
@@ -37,18 +43,18 @@ def config(tmp_path: Path) -> dict[str, Any]:
 
 
 async def test_keys_are_checked_and_the_tenant_recorded(
-    start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkClients, start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLOTGATE_OPS_KEY", "sk-ops-secret")
     gw = await start(config(tmp_path))
     for key in ("", "sk-wrong", TEAM_KEY[:-1]):
         with pytest.raises(openai.AuthenticationError) as refused:
-            await client(gw, key or "x").chat.completions.create(model="chat",
+            await client(sdk, gw, key or "x").chat.completions.create(model="chat",
                                                                   messages=MESSAGES)
         assert refused.value.body["code"] == "invalid_api_key"  # type: ignore[index]
-    assert (await client(gw, TEAM_KEY).chat.completions.create(
+    assert (await client(sdk, gw, TEAM_KEY).chat.completions.create(
         model="chat", messages=MESSAGES)).choices
-    assert (await client(gw, "sk-ops-secret").chat.completions.create(
+    assert (await client(sdk, gw, "sk-ops-secret").chat.completions.create(
         model="chat", messages=MESSAGES)).choices
     await assert_idle(gw)
     rows = await rows_of(gw, str(tmp_path / "ledger.sqlite3"))
@@ -57,11 +63,11 @@ async def test_keys_are_checked_and_the_tenant_recorded(
 
 
 async def test_admin_endpoints_need_an_admin_key(
-    start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkClients, start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLOTGATE_OPS_KEY", "sk-ops-secret")
     gw = await start(config(tmp_path))
-    await client(gw, TEAM_KEY).chat.completions.create(model="chat", messages=MESSAGES)
+    await client(sdk, gw, TEAM_KEY).chat.completions.create(model="chat", messages=MESSAGES)
     async with aiohttp.ClientSession() as http:
         for key, status in ((None, 401), (TEAM_KEY, 403), ("sk-ops-secret", 200)):
             headers = {"Authorization": f"Bearer {key}"} if key else {}

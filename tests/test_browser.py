@@ -20,11 +20,11 @@ import pytest
 from router.app import RunningGateway
 from router.record import Phase
 from router.simulated import FaultMode
-from tests.conftest import (
+from tests.support import (
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
-    sdk,
     sim_backend,
     wait_pools,
 )
@@ -80,7 +80,7 @@ def answer(max_tokens: int) -> dict[str, Any]:
 
 
 async def test_queue_panel_counts_down_then_streams_the_answer(
-    start: StartGateway, browser: Browser, tmp_path: Path
+    sdk: SdkClients, start: StartGateway, browser: Browser, tmp_path: Path
 ) -> None:
     # ~20 tokens/s: a request of n tokens holds its slot for about (n - 1) / 20 s
     timed = {"ttft_s": 0, "tokens_per_s": 20, "output_tokens": 20}
@@ -156,7 +156,7 @@ async def test_queue_panel_counts_down_then_streams_the_answer(
 
 
 async def test_cancel_leaves_the_queue_and_the_dashboard_shows_busy_slots(
-    start: StartGateway, browser: Browser, tmp_path: Path
+    sdk: SdkClients, start: StartGateway, browser: Browser, tmp_path: Path
 ) -> None:
     gw = await start(two_models(
         sim_backend("meta-llama/Llama-3.1-70B-Instruct", slots=3, queue_limit=2),
@@ -225,7 +225,7 @@ async def test_cancel_leaves_the_queue_and_the_dashboard_shows_busy_slots(
 
 
 async def test_errors_are_shown_as_text(
-    start: StartGateway, browser: Browser
+    sdk: SdkClients, start: StartGateway, browser: Browser
 ) -> None:
     gw = await start(two_models(
         sim_backend("meta-llama/Llama-3.1-70B-Instruct", slots=1),

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import sqlite3
-import sys
 from pathlib import Path
 
 from openai import AsyncOpenAI
 
-SLOTGATE = str(Path(sys.executable).parent / "slotgate")
+from tests.support import SLOTGATE
 
 
 async def test_serve_embedded_config_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -24,11 +23,11 @@ async def test_serve_embedded_config_answers_and_stops_on_sigterm(tmp_path: Path
             while b"listening on" not in (line := await proc.stdout.readline()):
                 assert line, "slotgate serve exited before listening"
         url = line.decode().split("listening on ")[1].split()[0]
-        client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        models = await client.models.list()
-        assert {m.id for m in models.data} == {"llama-70b", "llama-8b"}
-        reply = await client.chat.completions.create(
-            model="llama-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
+            models = await client.models.list()
+            assert {m.id for m in models.data} == {"llama-70b", "llama-8b"}
+            reply = await client.chat.completions.create(
+                model="llama-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert reply.usage is not None and reply.usage.completion_tokens == 3
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):

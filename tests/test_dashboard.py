@@ -15,7 +15,7 @@ from yarl import URL
 from router.app import start_gateway
 from router.config import config_from_dict
 from router.pages import PAGES, pool_rows
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
+from tests.support import StartGateway, assert_idle, engine, gateway_config, sim_backend
 
 CHAT = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -92,7 +92,7 @@ async def test_events_follow_the_pool_and_unsubscribe_on_disconnect(start: Start
     gw = await start(gateway_config(sim_backend("big-70b", slots=3, queue_limit=5)))
     pages = gw.app[PAGES]
     pool = gw.gateway.pools["big"]
-    watchers_before = len(pool._watchers)
+    watchers_before = len(pool._watchers)  # type: ignore[attr-defined]
     sim = engine(gw)
     sim.hold()
     async with aiohttp.ClientSession() as http:
@@ -104,14 +104,14 @@ async def test_events_follow_the_pool_and_unsubscribe_on_disconnect(start: Start
             (row,) = rows
             assert row["capacity"] == 3 and row["active"] == 0 and row["queued"] == 0
             assert row["queue_limit"] == 5 and row["eta_s"] == 0.0
-            assert len(pool._watchers) == watchers_before + 1
+            assert len(pool._watchers) == watchers_before + 1  # type: ignore[attr-defined]
 
             busy = asyncio.create_task(http.post(gw.url + "/v1/chat/completions", json=CHAT))
             row = await pools_until(events, "big", lambda r: r["active"] == 1)
             assert row["queued"] == 0
 
         await pages.wait_subscribers(0)  # the feed saw the disconnect and left
-        assert len(pool._watchers) == watchers_before
+        assert len(pool._watchers) == watchers_before  # type: ignore[attr-defined]
         sim.release()
         async with await busy as resp:
             assert resp.status == 200

@@ -21,7 +21,7 @@ import yaml
 
 from router.app import create_app
 from router.config import parse_config
-from tests.conftest import require_program
+from tests.support import require_program
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,61 +17,12 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 import yaml
-from openai import AsyncOpenAI
 
 from policies.config import SimulatedSpec
 from router.simulated import RunningSim, start_simulator
-from tests.conftest import RedisServer
+from tests.support import MESSAGES, GatewayProcess, RedisServer
 
-SLOTGATE = str(Path(sys.executable).parent / "slotgate")
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 WAITERS_KEY = "{slotgate:big}:waiters"
-
-
-class GatewayProcess:
-    """`slotgate serve --config FILE --port 0`, its URL read from its own log."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
-        self.proc = proc
-        self.url = url
-        self.lines: list[bytes] = []
-        self._new_line = asyncio.Event()
-        self._drain = asyncio.create_task(self._read())  # keep the pipe empty
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            self.lines.append(line)
-            self._new_line.set()
-
-    async def said(self, text: bytes) -> None:
-        """Wait until the process logs a line containing `text`."""
-        async with asyncio.timeout(30):
-            while not any(text in line for line in self.lines):
-                self._new_line.clear()
-                await self._new_line.wait()
-
-    @classmethod
-    async def start(cls, config: Path) -> GatewayProcess:
-        proc = await asyncio.create_subprocess_exec(
-            SLOTGATE, "serve", "--config", str(config), "--port", "0", cwd=config.parent,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        assert proc.stdout is not None
-        async with asyncio.timeout(30):
-            while b"listening on" not in (line := await proc.stdout.readline()):
-                assert line, "slotgate serve exited before listening"
-        return cls(proc, line.decode().split("listening on ")[1].split()[0])
-
-    def client(self) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=self.url + "/v1", api_key="sk-test", max_retries=0)
-
-    async def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.returncode is None:
-            self.proc.send_signal(sig)
-        async with asyncio.timeout(30):
-            code = await self.proc.wait()
-            await self._drain
-        return code
 
 
 def write_config(folder: Path, sim: RunningSim, redis_url: str, **coordination: Any) -> Path:

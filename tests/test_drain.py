@@ -7,7 +7,6 @@ import asyncio
 import signal
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import openai
@@ -15,10 +14,15 @@ import pytest
 
 from policies.config import SimulatedSpec
 from router.simulated import start_simulator
-from tests.conftest import StartGateway, engine, gateway_config, sdk, sim_backend
-from tests.test_distributed import GatewayProcess
-
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
+from tests.support import (
+    MESSAGES,
+    GatewayProcess,
+    SdkClients,
+    StartGateway,
+    engine,
+    gateway_config,
+    sim_backend,
+)
 
 
 async def drain_refusal(url: str) -> tuple[int, str | None, str]:
@@ -30,7 +34,7 @@ async def drain_refusal(url: str) -> tuple[int, str | None, str]:
 
 
 async def test_drain_finishes_running_answers_and_turns_the_rest_away(
-    start: StartGateway, tmp_path: Path
+    sdk: SdkClients, start: StartGateway, tmp_path: Path
 ) -> None:
     raw = gateway_config(sim_backend("m", slots=2, queue_limit=2))
     raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3")}
@@ -106,7 +110,7 @@ async def test_sigterm_drains_a_serving_process(tmp_path: Path) -> None:
 
 
 async def test_a_stream_cut_by_the_drain_limit_is_told_and_recorded_as_such(
-    start: StartGateway, tmp_path: Path
+    sdk: SdkClients, start: StartGateway, tmp_path: Path
 ) -> None:
     raw = gateway_config(sim_backend("m", slots=1), server={"shutdown_timeout_s": 0.1})
     raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3")}

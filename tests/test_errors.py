@@ -18,18 +18,18 @@ from aiohttp import web
 
 from router.app import RunningGateway
 from router.simulated import FaultMode
-from tests.conftest import (
+from tests.support import (
+    SdkClients,
     StartGateway,
     assert_idle,
     closed_port,
     engine,
     gateway_config,
-    sdk,
     serve_app,
     sim_backend,
 )
 
-CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+CHAT: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 JSON = {"Content-Type": "application/json"}
 
 
@@ -208,7 +208,9 @@ async def test_headers_and_body_crossing_the_gateway(
         await runner.cleanup()
 
 
-async def test_backend_without_key_env_sends_no_authorization(start: StartGateway) -> None:
+async def test_backend_without_key_env_sends_no_authorization(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     backend = CaptureBackend()
     runner, url = await serve_app(backend.app)
     try:
@@ -222,7 +224,7 @@ async def test_backend_without_key_env_sends_no_authorization(start: StartGatewa
 
 # --- failing upstreams ---------------------------------------------------------------
 
-async def test_unreachable_backend_is_502(start: StartGateway) -> None:
+async def test_unreachable_backend_is_502(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(gateway_config({"url": f"http://127.0.0.1:{closed_port()}/v1",
                                      "model": "m", "slots": 1}))
     for stream in (False, True):
@@ -236,7 +238,7 @@ async def test_unreachable_backend_is_502(start: StartGateway) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_first_byte_timeout_is_504_and_aborts_the_engine(
-    start: StartGateway, stream: bool
+    sdk: SdkClients, start: StartGateway, stream: bool
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", 1, first_byte_timeout_s=0.2)))
     sim = engine(gw)
@@ -250,7 +252,9 @@ async def test_first_byte_timeout_is_504_and_aborts_the_engine(
     await assert_idle(gw)
 
 
-async def test_upstream_error_status_and_message_are_relayed(start: StartGateway) -> None:
+async def test_upstream_error_status_and_message_are_relayed(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", 1)))
     engine(gw).inject_fault(FaultMode.ERROR_500)
     with pytest.raises(openai.InternalServerError) as caught:
@@ -262,7 +266,7 @@ async def test_upstream_error_status_and_message_are_relayed(start: StartGateway
 
 @pytest.mark.parametrize("mode", [FaultMode.REFUSE, FaultMode.DROP])
 async def test_connection_dropped_by_backend_before_answer_is_502(
-    start: StartGateway, mode: FaultMode
+    sdk: SdkClients, start: StartGateway, mode: FaultMode
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", 1)))
     engine(gw).inject_fault(mode)
@@ -272,7 +276,9 @@ async def test_connection_dropped_by_backend_before_answer_is_502(
     await assert_idle(gw)
 
 
-async def test_drop_mid_stream_ends_the_stream_with_one_error_event(start: StartGateway) -> None:
+async def test_drop_mid_stream_ends_the_stream_with_one_error_event(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", 1)))
     engine(gw).inject_fault(FaultMode.DROP)
     stream = await sdk(gw).chat.completions.create(model="chat", messages=CHAT["messages"],
@@ -285,7 +291,7 @@ async def test_drop_mid_stream_ends_the_stream_with_one_error_event(start: Start
 
 
 async def test_queued_stream_whose_upstream_fails_gets_an_in_band_error(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", 1, queue_limit=1)))
     sim = engine(gw)
@@ -406,7 +412,7 @@ async def test_requests_the_http_parser_refuses_get_openai_errors(
 
 
 async def test_a_backend_refusing_the_gateways_key_is_502_not_the_clients_401(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     async def refuse(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "bad key sk-backend-xyz",
@@ -430,12 +436,14 @@ async def test_a_backend_refusing_the_gateways_key_is_502_not_the_clients_401(
         await runner.cleanup()
 
 
-async def test_a_backend_cookie_is_neither_returned_nor_replayed(start: StartGateway) -> None:
+async def test_a_backend_cookie_is_neither_returned_nor_replayed(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     backend = CaptureBackend()
 
     @web.middleware
     async def set_cookie(request: web.Request, handler: Any) -> web.StreamResponse:
-        response = await handler(request)
+        response: web.StreamResponse = await handler(request)
         response.set_cookie("session", f"for-{request.headers.get('X-Request-Id')}")
         return response
 

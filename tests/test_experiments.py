@@ -7,7 +7,7 @@ import math
 
 from policies.config import ExperimentConfig, FallbackWhen, RouteConfig
 from policies.experiments import Experiment, build_experiments
-from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
+from tests.support import SdkClients, StartGateway, assert_idle, gateway_config, sim_backend
 
 ROUTE = RouteConfig.model_validate({
     "primary": "big", "fallbacks": ["small"],
@@ -83,7 +83,9 @@ def test_disabled_experiments_are_not_built() -> None:
     assert list(built) == ["chat"] and built["chat"].name == "live"
 
 
-async def test_an_arm_that_steers_loads_the_classifier(start: StartGateway) -> None:
+async def test_an_arm_that_steers_loads_the_classifier(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     raw = gateway_config(sim_backend("m-big", slots=1), sim_backend("m-small", slots=1),
                          overflow="reject")  # the route itself never steers
     raw["experiments"] = {"fb": {"route": "chat", "arms": {

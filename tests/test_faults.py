@@ -12,31 +12,32 @@ from aiohttp import web
 
 from router.faults import BackendHealth
 from router.simulated import FaultMode
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    SdkClients,
     StartGateway,
     assert_idle,
     closed_port,
     engine,
     gateway_config,
-    sdk,
     serve_app,
     sim_backend,
     wait_pools,
 )
 
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 
-
-async def ask(gw: Any, **kwargs: Any) -> Any:
+async def ask(sdk: SdkClients, gw: Any, **kwargs: Any) -> Any:
     return await sdk(gw).chat.completions.with_raw_response.create(
         model="chat", messages=MESSAGES, **kwargs)
 
 
-async def test_a_refused_connection_is_retried_on_the_fallback(start: StartGateway) -> None:
+async def test_a_refused_connection_is_retried_on_the_fallback(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     dead = {"url": f"http://127.0.0.1:{closed_port()}/v1", "model": "m", "slots": 2,
             "connect_timeout_s": 1}
     gw = await start(gateway_config(dead, sim_backend("m-small", slots=2)))
-    reply = await ask(gw)
+    reply = await ask(sdk, gw)
     assert reply.headers["x-slotgate-backend"] == "small"
     assert reply.headers["x-slotgate-route-reason"] == "retry:big"
     assert reply.parse().choices
@@ -44,10 +45,12 @@ async def test_a_refused_connection_is_retried_on_the_fallback(start: StartGatew
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_500_before_the_first_byte_is_retried(start: StartGateway, stream: bool) -> None:
+async def test_a_500_before_the_first_byte_is_retried(
+    sdk: SdkClients, start: StartGateway, stream: bool
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1), sim_backend("m-small", slots=1)))
     engine(gw).inject_fault(FaultMode.ERROR_500)
-    reply = await ask(gw, stream=stream)
+    reply = await ask(sdk, gw, stream=stream)
     assert reply.headers["x-slotgate-backend"] == "small"
     if stream:
         assert [chunk async for chunk in reply.parse()]
@@ -55,7 +58,9 @@ async def test_a_500_before_the_first_byte_is_retried(start: StartGateway, strea
     await assert_idle(gw)
 
 
-async def test_a_drop_after_the_first_byte_is_not_retried(start: StartGateway) -> None:
+async def test_a_drop_after_the_first_byte_is_not_retried(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1), sim_backend("m-small", slots=1)))
     engine(gw).inject_fault(FaultMode.DROP)
     stream = await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES,
@@ -68,30 +73,30 @@ async def test_a_drop_after_the_first_byte_is_not_retried(start: StartGateway) -
 
 
 async def test_a_failing_backend_is_skipped_until_its_breaker_probes(
-    start: StartGateway
+    sdk: SdkClients, start: StartGateway
 ) -> None:
     big = sim_backend("m", slots=2, breaker_failures=2, breaker_open_s=60)
     gw = await start(gateway_config(big, sim_backend("m-small", slots=2)))
     engine(gw).inject_fault(FaultMode.ERROR_500, count=2)
     for _ in range(2):  # each fails on big and is served by small
-        assert (await ask(gw)).headers["x-slotgate-backend"] == "small"
+        assert (await ask(sdk, gw)).headers["x-slotgate-backend"] == "small"
     seen = len(engine(gw).records)
     for _ in range(3):  # the breaker is open: big is not even tried
-        assert (await ask(gw)).headers["x-slotgate-backend"] == "small"
+        assert (await ask(sdk, gw)).headers["x-slotgate-backend"] == "small"
     assert len(engine(gw).records) == seen
     await assert_idle(gw)
 
 
 async def test_an_open_breaker_without_a_fallback_is_503_with_retry_after(
-    start: StartGateway
+    sdk: SdkClients, start: StartGateway
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=2, breaker_failures=1,
                                                 breaker_open_s=60)))
     engine(gw).inject_fault(FaultMode.ERROR_500)
     with pytest.raises(openai.InternalServerError):
-        await ask(gw)  # the backend's own 500, relayed
+        await ask(sdk, gw)  # the backend's own 500, relayed
     with pytest.raises(openai.InternalServerError) as refused:
-        await ask(gw)
+        await ask(sdk, gw)
     assert refused.value.body["code"] == "backend_unavailable"  # type: ignore[index]
     assert int(refused.value.response.headers["Retry-After"]) >= 55
     await assert_idle(gw)
@@ -128,18 +133,18 @@ def test_what_counts_as_a_backend_failure_and_the_retry_budget() -> None:
 
 
 async def test_health_checks_put_a_recovered_backend_back_without_risking_a_request(
-    start: StartGateway
+    sdk: SdkClients, start: StartGateway
 ) -> None:
     big = sim_backend("m", slots=2, breaker_failures=1, breaker_open_s=0.2)
     gw = await start(gateway_config(big, sim_backend("m-small", slots=2)))
     engine(gw).inject_fault(FaultMode.ERROR_500)  # one failure, then healthy again
-    assert (await ask(gw)).headers["x-slotgate-backend"] == "small"
+    assert (await ask(sdk, gw)).headers["x-slotgate-backend"] == "small"
     health = gw.gateway.health
     assert health.is_open("big")
     async with asyncio.timeout(10):
         await health.recovered("big")  # GET /v1/models answered: no request was the probe
     assert not health.is_open("big")
-    assert (await ask(gw)).headers["x-slotgate-backend"] == "big"
+    assert (await ask(sdk, gw)).headers["x-slotgate-backend"] == "big"
     await assert_idle(gw)
 
 
@@ -180,7 +185,7 @@ def completion() -> web.Response:
 
 @pytest.mark.parametrize("with_fallback", [True, False])
 async def test_an_opening_breaker_moves_its_queue_to_the_fallback_or_answers_503(
-    start: StartGateway, with_fallback: bool
+    sdk: SdkClients, start: StartGateway, with_fallback: bool
 ) -> None:
     backend = ParkingBackend()
     runner, url = await serve_app(backend.app)
@@ -189,11 +194,12 @@ async def test_an_opening_breaker_moves_its_queue_to_the_fallback_or_answers_503
                "breaker_failures": 1, "breaker_open_s": 60}
         gw = await start(gateway_config(
             big, sim_backend("m-small", slots=4) if with_fallback else None))
-        running = asyncio.create_task(ask(gw))
+        running = asyncio.create_task(ask(sdk, gw))
         await backend.until_parked(1)
-        failing = asyncio.create_task(ask(gw))
+        failing = asyncio.create_task(ask(sdk, gw))
         await backend.until_parked(2)
-        waiting = [asyncio.create_task(ask(gw)), asyncio.create_task(ask(gw, stream=True))]
+        waiting = [asyncio.create_task(ask(sdk, gw)),
+                   asyncio.create_task(ask(sdk, gw, stream=True))]
         await wait_pools(gw, lambda s: s["big"] == (2, 2))
         backend.parked[1].set_result(web.json_response(
             {"error": {"message": "engine crashed", "type": "server_error"}}, status=500))
@@ -223,7 +229,9 @@ async def test_an_opening_breaker_moves_its_queue_to_the_fallback_or_answers_503
 
 
 @pytest.mark.parametrize("with_fallback", [True, False])
-async def test_an_upstream_429_is_honoured(start: StartGateway, with_fallback: bool) -> None:
+async def test_an_upstream_429_is_honoured(
+    sdk: SdkClients, start: StartGateway, with_fallback: bool
+) -> None:
     hits: list[int] = []
 
     async def saturated(request: web.Request) -> web.Response:
@@ -240,18 +248,18 @@ async def test_an_upstream_429_is_honoured(start: StartGateway, with_fallback: b
         gw = await start(gateway_config(
             big, sim_backend("m-small", slots=2) if with_fallback else None))
         if with_fallback:
-            first = await ask(gw)
+            first = await ask(sdk, gw)
             assert first.headers["x-slotgate-backend"] == "small"  # retried: nothing was made
             assert first.headers["x-slotgate-route-reason"] == "retry:big"
-            again = await ask(gw, stream=True)  # big waits out its Retry-After
+            again = await ask(sdk, gw, stream=True)  # big waits out its Retry-After
             assert again.headers["x-slotgate-backend"] == "small"
             assert [chunk async for chunk in again.parse()]
         else:
             with pytest.raises(openai.RateLimitError) as relayed:
-                await ask(gw)
+                await ask(sdk, gw)
             assert relayed.value.response.headers["Retry-After"] == "30"
             with pytest.raises(openai.InternalServerError) as cooling:
-                await ask(gw)  # not sent: the backend asked for 30 s
+                await ask(sdk, gw)  # not sent: the backend asked for 30 s
             assert cooling.value.body["code"] == "backend_unavailable"  # type: ignore[index]
             assert int(cooling.value.response.headers["Retry-After"]) >= 25
         assert len(hits) == 1
@@ -281,7 +289,7 @@ def test_failure_kinds_keep_the_error_codes_and_metric_labels_of_old() -> None:
 
 
 async def test_each_failure_is_counted_under_its_kind_and_logged_with_its_code(
-    start: StartGateway,
+    start: StartGateway, sdk: SdkClients,
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", 1, first_byte_timeout_s=0.2)))
     sim = engine(gw)

@@ -4,10 +4,8 @@ real `slotgate serve` process: no 5xx and no hang, whatever valid or invalid inp
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +15,8 @@ from hypothesis import HealthCheck, settings
 
 from router.config import config_from_dict
 from router.openapi import openapi
+from tests.support import SLOTGATE
 
-SLOTGATE = str(Path(sys.executable).parent / "slotgate")
 CONFIG: dict[str, Any] = {
     "backends": {"big": {"simulated": {"max_num_seqs": 64, "ttft_s": 0, "tokens_per_s": 0,
                                        "output_tokens": 8},
@@ -62,6 +60,6 @@ def test_the_description_is_served(gateway_url: str) -> None:
 @schema.parametrize()
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_no_server_error_and_no_hang(case: schemathesis.Case, gateway_url: str) -> None:
+def test_no_server_error_and_no_hang(case: schemathesis.Case[Any], gateway_url: str) -> None:
     response = case.call(base_url=gateway_url, timeout=10)  # a hang fails the call
     assert response.status_code < 500, (response.status_code, response.text[:300])

@@ -7,7 +7,7 @@ import asyncio
 import openai
 import pytest
 
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sdk, sim_backend
+from tests.support import SdkClients, StartGateway, assert_idle, engine, gateway_config, sim_backend
 
 UPSTREAM_ID = "org/big-model-70b"
 
@@ -16,7 +16,7 @@ def one_backend(**extra: object) -> dict[str, object]:
     return gateway_config(sim_backend(UPSTREAM_ID, slots=2, queue_limit=2, **extra))
 
 
-async def test_chat_non_streaming(start: StartGateway) -> None:
+async def test_chat_non_streaming(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(one_backend())
     client = sdk(gw)
     raw = await client.chat.completions.with_raw_response.create(
@@ -39,7 +39,7 @@ async def test_chat_non_streaming(start: StartGateway) -> None:
 
 
 async def test_chat_streaming_strips_usage_chunk_client_did_not_ask_for(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     gw = await start(one_backend())
     stream = await sdk(gw).chat.completions.create(
@@ -57,7 +57,9 @@ async def test_chat_streaming_strips_usage_chunk_client_did_not_ask_for(
     await assert_idle(gw)
 
 
-async def test_chat_streaming_keeps_usage_chunk_when_asked(start: StartGateway) -> None:
+async def test_chat_streaming_keeps_usage_chunk_when_asked(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(one_backend())
     stream = await sdk(gw).chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "count me"}], stream=True,
@@ -70,7 +72,7 @@ async def test_chat_streaming_keeps_usage_chunk_when_asked(start: StartGateway) 
     await assert_idle(gw)
 
 
-async def test_completions_streaming_and_not(start: StartGateway) -> None:
+async def test_completions_streaming_and_not(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(one_backend())
     client = sdk(gw)
     plain = await client.completions.create(model="chat", prompt="Once upon", max_tokens=3)
@@ -82,14 +84,16 @@ async def test_completions_streaming_and_not(start: StartGateway) -> None:
     await assert_idle(gw)
 
 
-async def test_models_lists_public_route_names(start: StartGateway) -> None:
+async def test_models_lists_public_route_names(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("x", 1), sim_backend("y", 1), "fallback"))
     models = await sdk(gw).models.list()
     assert [m.id for m in models.data] == ["chat"]
     await assert_idle(gw)
 
 
-async def test_rate_limit_error_surfaces_with_retry_after(start: StartGateway) -> None:
+async def test_rate_limit_error_surfaces_with_retry_after(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend(UPSTREAM_ID, slots=1, queue_limit=0)))
     sim = engine(gw)
     sim.hold()

@@ -13,21 +13,21 @@ from typing import Any
 import openai
 import pytest
 
-from router.app import RunningGateway
 from router.config import ConfigError
-from router.ledger import LedgerRow, RowFilter
+from router.ledger import LedgerRow
 from router.ledger_open import open_store
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
+    rows_of,
     sim_backend,
     wait_pools,
 )
 
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 GPU = {"gpu_hour": 3.6, "gpus": 1}  # one slot: $0.001 per slot-second
 TOKENS = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
 
@@ -40,17 +40,9 @@ def config(target: str, **primary: Any) -> dict[str, Any]:
     return raw
 
 
-async def rows_of(gw: RunningGateway, target: str) -> list[LedgerRow]:
-    await gw.close()  # graceful: every row is written before it returns
-    store = open_store(target)
-    await store.open()
-    try:
-        return await store.fetch(RowFilter())
-    finally:
-        await store.close()
-
-
-async def test_successful_requests_are_priced(start: StartGateway, ledger_target: str) -> None:
+async def test_successful_requests_are_priced(
+    sdk: SdkClients, start: StartGateway, ledger_target: str
+) -> None:
     gw = await start(config(ledger_target))
     client = sdk(gw, default_headers={"X-Request-Id": "same"})  # a client reusing its id
     plain = await client.chat.completions.create(model="chat", messages=MESSAGES)
@@ -73,7 +65,7 @@ async def test_successful_requests_are_priced(start: StartGateway, ledger_target
 
 
 async def test_rejections_and_queue_timeouts_cost_nothing(
-    start: StartGateway, ledger_target: str
+    sdk: SdkClients, start: StartGateway, ledger_target: str
 ) -> None:
     raw = config(ledger_target, queue_limit=1, queue_timeout_s=0.2)
     raw["routes"]["chat"]["overflow"] = "reject"
@@ -104,7 +96,7 @@ async def test_rejections_and_queue_timeouts_cost_nothing(
 
 
 async def test_a_stream_cut_mid_way_counts_the_tokens_streamed(
-    start: StartGateway, ledger_target: str
+    sdk: SdkClients, start: StartGateway, ledger_target: str
 ) -> None:
     gw = await start(config(ledger_target))
     sim = engine(gw)
@@ -123,7 +115,7 @@ async def test_a_stream_cut_mid_way_counts_the_tokens_streamed(
 
 
 async def test_fallback_rows_carry_the_primary_counterfactual(
-    start: StartGateway, ledger_target: str
+    sdk: SdkClients, start: StartGateway, ledger_target: str
 ) -> None:
     gw = await start(config(ledger_target))
     sim = engine(gw)
@@ -148,7 +140,7 @@ async def test_fallback_rows_carry_the_primary_counterfactual(
 
 
 async def test_restart_loses_nothing_and_duplicates_nothing(
-    start: StartGateway, ledger_target: str
+    sdk: SdkClients, start: StartGateway, ledger_target: str
 ) -> None:
     raw = config(ledger_target)
     raw["ledger"]["flush_interval_s"] = 60  # only the shutdown flush writes
@@ -166,7 +158,7 @@ async def test_restart_loses_nothing_and_duplicates_nothing(
 
 
 async def test_experiment_arms_are_sticky_and_recorded(
-    start: StartGateway, ledger_target: str
+    sdk: SdkClients, start: StartGateway, ledger_target: str
 ) -> None:
     raw = config(ledger_target)
     raw["routes"]["chat"]["fallback"] = {"when": "saturated"}
@@ -189,7 +181,7 @@ async def test_experiment_arms_are_sticky_and_recorded(
 
 
 async def test_retention_removes_old_rows_at_startup(
-    start: StartGateway, ledger_target: str
+    sdk: SdkClients, start: StartGateway, ledger_target: str
 ) -> None:
     old = LedgerRow(
         id="old", ts=time.time() - 10 * 86_400, request_id="old", endpoint="/v1/completions",
@@ -212,7 +204,7 @@ async def test_retention_removes_old_rows_at_startup(
 
 
 async def test_a_dsn_with_a_password_can_stay_out_of_the_file(
-    start: StartGateway, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkClients, start: StartGateway, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLOTGATE_LEDGER_DSN", postgres_url)
     raw = config(postgres_url)

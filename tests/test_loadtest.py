@@ -35,7 +35,7 @@ from router.loadtest import (
     run_load,
 )
 from router.simulated import SimEngine, create_sim_app
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
+from tests.support import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
 
 PROMPTS = load_prompts()
 

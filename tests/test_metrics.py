@@ -13,8 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.app import RunningGateway
 from router.tallies import Spread
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
-from tests.test_queueing import send_in_order
+from tests.support import (
+    SdkClients,
+    StartGateway,
+    assert_idle,
+    engine,
+    gateway_config,
+    send_in_order,
+    sim_backend,
+)
 
 
 async def scrape(gw: RunningGateway) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -31,14 +38,16 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-async def test_metrics_follow_ten_users_on_three_slots(start: StartGateway) -> None:
+async def test_metrics_follow_ten_users_on_three_slots(
+    start: StartGateway, sdk: SdkClients
+) -> None:
     gw = await start(gateway_config(sim_backend("big-70b", slots=3, queue_limit=5)))
     before = await scrape(gw)
     assert value(before, "slotgate_slot_capacity", backend="big") == 3
     assert value(before, "llm_active_slots_gauge", backend="big") == 0
     sim = engine(gw)
     sim.hold()
-    tasks, rejected = await send_in_order(gw, 10)
+    tasks, rejected = await send_in_order(sdk(gw), gw, 10)
     busy = await scrape(gw)
     assert value(busy, "llm_active_slots_gauge", backend="big") == 3
     assert value(busy, "llm_queue_depth_gauge", backend="big") == 5

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -20,31 +19,26 @@ from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
 from router.record import Phase, RequestRecord
 from router.simulated import FaultMode
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
+    poll_until,
     sim_backend,
     wait_pools,
 )
-
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
-
-
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    """Poll a condition the gateway offers no signal for, with a deadline."""
-    async with asyncio.timeout(within_s):
-        while not condition():  # noqa: ASYNC110 - no event to wait on
-            await asyncio.sleep(0.005)
 
 
 def record(gw: RunningGateway, request_id: str) -> RequestRecord | None:
     return next((r for r in gw.gateway.recent if r.request_id == request_id), None)
 
 
-def ask(gw: RunningGateway, request_id: str, stream: bool = False) -> asyncio.Task[Any]:
+def ask(
+    sdk: SdkClients, gw: RunningGateway, request_id: str, stream: bool = False
+) -> asyncio.Task[Any]:
     return asyncio.create_task(sdk(gw).chat.completions.create(
         model="chat", messages=MESSAGES, stream=stream, max_tokens=50,
         extra_headers={"X-Request-Id": request_id}))
@@ -52,13 +46,13 @@ def ask(gw: RunningGateway, request_id: str, stream: bool = False) -> asyncio.Ta
 
 @pytest.mark.parametrize("setting", [None, "abort"])
 async def test_abort_frees_the_slot_and_the_engine_at_once(
-    start: StartGateway, setting: str | None
+    sdk: SdkClients, start: StartGateway, setting: str | None
 ) -> None:
     extra = {} if setting is None else {"on_disconnect": setting}  # abort is the default
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1, **extra)))
     sim = engine(gw)
     sim.hold(after_tokens=2)
-    leaver = ask(gw, "leaver")
+    leaver = ask(sdk, gw, "leaver")
     await sim.wait_until(lambda e: "leaver" in e.records and e.held == 1)
     leaver.cancel()
     await sim.wait_until(lambda e: e.records["leaver"].aborted)
@@ -73,27 +67,29 @@ async def test_abort_frees_the_slot_and_the_engine_at_once(
     await assert_idle(gw)
 
 
-async def test_drain_keeps_the_slot_until_the_engine_has_answered(start: StartGateway) -> None:
+async def test_drain_keeps_the_slot_until_the_engine_has_answered(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1,
                                                 on_disconnect="drain")))
     sim, upstream = engine(gw), gw.gateway.upstreams["big"]
     sim.hold(after_tokens=2)
-    leaver = ask(gw, "leaver")
+    leaver = ask(sdk, gw, "leaver")
     await sim.wait_until(lambda e: "leaver" in e.records and e.held == 1)
     leaver.cancel()
-    await until(lambda: upstream.draining == 1)  # the gateway knows the client left
+    await poll_until(lambda: upstream.draining == 1)  # the gateway knows the client left
     with pytest.raises(asyncio.CancelledError):
         await leaver
     assert gw.gateway.pools["big"].active == 1  # the slot stays taken
     assert not sim.records["leaver"].aborted  # and the engine was not told to stop
-    nxt = ask(gw, "next")
+    nxt = ask(sdk, gw, "next")
     await wait_pools(gw, lambda s: s["big"] == (1, 1))  # the next one waits in the gateway
     assert "next" not in sim.records  # the engine is never handed a second request
     sim.release()
     answer = await nxt
     assert answer.choices[0].message.content
     assert sim.records["leaver"].completed and sim.peak == 1
-    await until(lambda: record(gw, "leaver") is not None)
+    await poll_until(lambda: record(gw, "leaver") is not None)
     rec = record(gw, "leaver")
     assert rec is not None and rec.disconnect is Phase.BEFORE_FIRST_BYTE
     # The drained answer's own usage is recorded: the engine did the work.
@@ -102,22 +98,22 @@ async def test_drain_keeps_the_slot_until_the_engine_has_answered(start: StartGa
     await assert_idle(gw)
 
 
-async def test_drain_ends_at_the_backends_timeout(start: StartGateway) -> None:
+async def test_drain_ends_at_the_backends_timeout(sdk: SdkClients, start: StartGateway) -> None:
     """An engine that never answers holds a drained slot no longer than its timeout."""
     gw = await start(gateway_config(sim_backend("m", slots=1, on_disconnect="drain",
                                                 first_byte_timeout_s=0.5)))
     sim = engine(gw)
     sim.inject_fault(FaultMode.HANG)
-    leaver = ask(gw, "leaver")
+    leaver = ask(sdk, gw, "leaver")
     await sim.wait_until(lambda e: "leaver" in e.records)
     leaver.cancel()
-    await until(lambda: gw.gateway.upstreams["big"].draining == 1)
+    await poll_until(lambda: gw.gateway.upstreams["big"].draining == 1)
     await assert_idle(gw)  # within 5 s: the 0.5 s first-byte timeout ended the drain
     assert gw.gateway.upstreams["big"].draining == 0
     assert not gw.gateway.health.is_open("big")  # nobody's failure was counted twice
 
 
-async def test_drain_still_cuts_a_stream(start: StartGateway) -> None:
+async def test_drain_still_cuts_a_stream(sdk: SdkClients, start: StartGateway) -> None:
     """Engines stop a stream whose connection closes, so `drain` does not wait for one."""
     gw = await start(gateway_config(sim_backend("m", slots=1, on_disconnect="drain")))
     sim = engine(gw)
@@ -131,7 +127,7 @@ async def test_drain_still_cuts_a_stream(start: StartGateway) -> None:
     assert gw.gateway.upstreams["big"].draining == 0
 
 
-async def test_drain_answers_a_client_that_stays(start: StartGateway) -> None:
+async def test_drain_answers_a_client_that_stays(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, on_disconnect="drain")))
     answer = await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES)
     assert answer.usage is not None and answer.usage.completion_tokens == 8
@@ -164,7 +160,8 @@ async def test_a_stream_whose_client_stops_reading_frees_its_slot(start: StartGa
         await loop.sock_sendall(client, b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
                                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                 % (len(body), body))
-        await until(lambda: any(r.disconnect is Phase.STREAMING for r in gw.gateway.recent), 30)
+        await poll_until(
+            lambda: any(r.disconnect is Phase.STREAMING for r in gw.gateway.recent), 30)
     await assert_idle(gw)
     # The engine learns of the abort when its connection closes, a moment after the slot
     # is free: wait for it rather than look once.

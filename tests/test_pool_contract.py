@@ -21,7 +21,7 @@ from policies.eta import HoldTimeModel
 from policies.slots import Lease, LocalSlotPool, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.coordinator import RedisCoordinator
 from policies.slots.redis import RedisSlotPool
-from tests.conftest import RedisServer
+from tests.support import RedisServer
 
 BOUND_S = 5.0  # the longest any step may take; a pass takes milliseconds
 

@@ -10,17 +10,17 @@ import orjson
 
 from router.app import RunningGateway
 from router.openai_api import Endpoint, parse_request, upstream_body
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
     sim_backend,
     wait_pools,
 )
 
-MESSAGES = [{"role": "user", "content": "tell me something"}]
 EVENTS = {"X-Slotgate-Queue-Events": "true"}
 
 
@@ -40,18 +40,20 @@ async def read_sse(resp: aiohttp.ClientResponse) -> list[tuple[str | None, bytes
     return out
 
 
-async def occupy(gw: RunningGateway) -> asyncio.Task[Any]:
+async def occupy(sdk: SdkClients, gw: RunningGateway) -> asyncio.Task[Any]:
     sim = engine(gw)
     sim.hold()
     task = asyncio.create_task(sdk(gw).chat.completions.create(
-        model="chat", messages=MESSAGES, extra_headers={"X-Request-Id": "holder"}))  # type: ignore[arg-type]
+        model="chat", messages=MESSAGES, extra_headers={"X-Request-Id": "holder"}))
     await sim.wait_until(lambda e: "holder" in e.records)
     return task
 
 
-async def test_named_events_count_down_then_start_then_chunks(start: StartGateway) -> None:
+async def test_named_events_count_down_then_start_then_chunks(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=5)))
-    holder = await occupy(gw)
+    holder = await occupy(sdk, gw)
     async with aiohttp.ClientSession() as http:
         streams = []
         for i in range(3):  # three queued streams; the last is third in line
@@ -59,7 +61,11 @@ async def test_named_events_count_down_then_start_then_chunks(start: StartGatewa
                 "model": "chat", "messages": MESSAGES, "stream": True})
             assert resp.status == 200
             streams.append(resp)
-            await wait_pools(gw, lambda s, n=i + 1: s["big"] == (1, n))
+
+            def queued(s: dict[str, tuple[int, int]], n: int = i + 1) -> bool:
+                return s["big"] == (1, n)
+
+            await wait_pools(gw, queued)
         engine(gw).release()
         heard = [await read_sse(resp) for resp in streams]
         for resp in streams:
@@ -82,15 +88,17 @@ async def test_named_events_count_down_then_start_then_chunks(start: StartGatewa
     await assert_idle(gw)
 
 
-async def test_default_is_comments_and_the_sdk_ignores_them(start: StartGateway) -> None:
+async def test_default_is_comments_and_the_sdk_ignores_them(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=5)))
-    holder = await occupy(gw)
+    holder = await occupy(sdk, gw)
     async with aiohttp.ClientSession() as http:
         resp = await http.post(gw.url + "/v1/chat/completions", json={
             "model": "chat", "messages": MESSAGES, "stream": True})
         await wait_pools(gw, lambda s: s["big"] == (1, 1))
         stream = await sdk(gw).chat.completions.create(
-            model="chat", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+            model="chat", messages=MESSAGES, stream=True)
         await wait_pools(gw, lambda s: s["big"] == (1, 2))
         engine(gw).release()
         heard = await read_sse(resp)

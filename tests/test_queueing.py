@@ -10,53 +10,24 @@ import openai
 import pytest
 
 from router.app import RunningGateway
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
+    send_in_order,
     sim_backend,
     wait_pools,
 )
 
-MESSAGES = [{"role": "user", "content": "tell me something"}]
 
-
-async def drain_stream(client: openai.AsyncOpenAI, request_id: str) -> str:
-    stream = await client.chat.completions.create(
-        model="chat", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
-        extra_headers={"X-Request-Id": request_id},
-    )
-    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-
-
-async def send_in_order(gw: RunningGateway, n: int) -> tuple[list[asyncio.Task[str]], list[Any]]:
-    """Send n streams one at a time, each admitted or rejected before the next leaves."""
-    client = sdk(gw)
-    tasks: list[asyncio.Task[str]] = []
-    rejected: list[Any] = []
-    for i in range(n):
-        before = sum(p.active + p.queued for p in gw.gateway.pools.values())
-        task = asyncio.create_task(drain_stream(client, f"req-{i}"))
-        tasks.append(task)
-        admitted = asyncio.create_task(
-            wait_pools(gw, lambda s, b=before: sum(a + q for a, q in s.values()) > b))
-        await asyncio.wait({task, admitted}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():  # rejected at once, or served before we looked
-            admitted.cancel()
-            if task.exception() is not None:
-                rejected.append(task.exception())
-        else:
-            await admitted
-    return tasks, rejected
-
-
-async def test_ten_requests_three_slots_queue_five(start: StartGateway) -> None:
+async def test_ten_requests_three_slots_queue_five(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("big-70b", slots=3, queue_limit=5)))
     sim = engine(gw)
     sim.hold()  # every generation waits before its first token until released
-    tasks, rejected = await send_in_order(gw, 10)
+    tasks, rejected = await send_in_order(sdk(gw), gw, 10)
     assert gw.gateway.pools["big"].snapshot().active == 3
     assert gw.gateway.pools["big"].queued == 5
     assert len(rejected) == 2
@@ -73,7 +44,9 @@ async def test_ten_requests_three_slots_queue_five(start: StartGateway) -> None:
     await assert_idle(gw)
 
 
-async def test_overflow_sends_the_rest_to_the_fallback(start: StartGateway) -> None:
+async def test_overflow_sends_the_rest_to_the_fallback(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(
         sim_backend("big-70b", slots=3, queue_limit=5),
         sim_backend("small-8b", slots=8, queue_limit=0),
@@ -81,7 +54,7 @@ async def test_overflow_sends_the_rest_to_the_fallback(start: StartGateway) -> N
     ))
     big, small = engine(gw, "big"), engine(gw, "small")
     big.hold()
-    tasks, rejected = await send_in_order(gw, 10)
+    tasks, rejected = await send_in_order(sdk(gw), gw, 10)
     assert rejected == []
     await asyncio.gather(*tasks[8:])  # served by the fallback while the primary is held
     assert set(small.records) == {"req-8", "req-9"}
@@ -95,21 +68,23 @@ async def test_overflow_sends_the_rest_to_the_fallback(start: StartGateway) -> N
     await assert_idle(gw)
 
 
-async def occupy_one_slot(gw: RunningGateway) -> asyncio.Task[Any]:
+async def occupy_one_slot(sdk: SdkClients, gw: RunningGateway) -> asyncio.Task[Any]:
     sim = engine(gw)
     sim.hold()
     task = asyncio.create_task(sdk(gw).chat.completions.create(
-        model="chat", messages=MESSAGES,  # type: ignore[arg-type]
+        model="chat", messages=MESSAGES,
         extra_headers={"X-Request-Id": "holder"}))
     await sim.wait_until(lambda e: "holder" in e.records)
     return task
 
 
-async def test_stream_that_leaves_while_queued_leaves_the_queue(start: StartGateway) -> None:
+async def test_stream_that_leaves_while_queued_leaves_the_queue(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
-    holder = await occupy_one_slot(gw)
+    holder = await occupy_one_slot(sdk, gw)
     stream = await sdk(gw).chat.completions.create(
-        model="chat", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        model="chat", messages=MESSAGES, stream=True)
     assert gw.gateway.pools["big"].queued == 1  # 200 and SSE headers came while queued
     await stream.close()
     await wait_pools(gw, lambda s: s["big"] == (1, 0))
@@ -120,11 +95,13 @@ async def test_stream_that_leaves_while_queued_leaves_the_queue(start: StartGate
     await assert_idle(gw)
 
 
-async def test_non_stream_that_leaves_while_queued_leaves_the_queue(start: StartGateway) -> None:
+async def test_non_stream_that_leaves_while_queued_leaves_the_queue(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
-    holder = await occupy_one_slot(gw)
+    holder = await occupy_one_slot(sdk, gw)
     waiter = asyncio.create_task(sdk(gw).chat.completions.create(
-        model="chat", messages=MESSAGES))  # type: ignore[arg-type]
+        model="chat", messages=MESSAGES))
     await wait_pools(gw, lambda s: s["big"] == (1, 1))
     waiter.cancel()
     await wait_pools(gw, lambda s: s["big"] == (1, 0))
@@ -135,13 +112,13 @@ async def test_non_stream_that_leaves_while_queued_leaves_the_queue(start: Start
 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_leaving_before_the_first_byte_aborts_the_engine(
-    start: StartGateway, stream: bool
+    sdk: SdkClients, start: StartGateway, stream: bool
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1)))
     sim = engine(gw)
     sim.hold()  # the engine accepts the request but produces no token
     task = asyncio.create_task(sdk(gw).chat.completions.create(
-        model="chat", messages=MESSAGES, stream=stream,  # type: ignore[arg-type]
+        model="chat", messages=MESSAGES, stream=stream,
         extra_headers={"X-Request-Id": "leaver"}))
     await sim.wait_until(lambda e: "leaver" in e.records)
     task.cancel()
@@ -151,12 +128,12 @@ async def test_leaving_before_the_first_byte_aborts_the_engine(
     assert gw.gateway.recent[-1].disconnect == "before_first_byte"
 
 
-async def test_leaving_mid_stream_aborts_the_engine(start: StartGateway) -> None:
+async def test_leaving_mid_stream_aborts_the_engine(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1)))
     sim = engine(gw)
     sim.hold(after_tokens=3)
     stream = await sdk(gw).chat.completions.create(
-        model="chat", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+        model="chat", messages=MESSAGES, stream=True,
         extra_headers={"X-Request-Id": "reader"})
     got = [await stream.__anext__() for _ in range(2)]
     assert got[0].choices
@@ -167,12 +144,14 @@ async def test_leaving_mid_stream_aborts_the_engine(start: StartGateway) -> None
     assert gw.gateway.recent[-1].disconnect == "streaming"
 
 
-async def test_queue_timeout_for_a_stream_is_an_in_band_error(start: StartGateway) -> None:
+async def test_queue_timeout_for_a_stream_is_an_in_band_error(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1,
                                                 queue_timeout_s=0.2)))
-    holder = await occupy_one_slot(gw)
+    holder = await occupy_one_slot(sdk, gw)
     stream = await sdk(gw).chat.completions.create(
-        model="chat", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        model="chat", messages=MESSAGES, stream=True)
     with pytest.raises(openai.APIError) as caught:
         async for _ in stream:
             pass
@@ -184,14 +163,14 @@ async def test_queue_timeout_for_a_stream_is_an_in_band_error(start: StartGatewa
 
 
 async def test_queue_timeout_for_a_non_stream_is_503_with_retry_after(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1,
                                                 queue_timeout_s=0.2)))
-    holder = await occupy_one_slot(gw)
+    holder = await occupy_one_slot(sdk, gw)
     with pytest.raises(openai.InternalServerError) as caught:
         await sdk(gw).chat.completions.create(
-            model="chat", messages=MESSAGES)  # type: ignore[arg-type]
+            model="chat", messages=MESSAGES)
     assert caught.value.status_code == 503
     assert int(caught.value.response.headers["retry-after"]) >= 1
     assert caught.value.response.headers["x-slotgate-reject-reason"] == "queue_timeout"
@@ -200,10 +179,12 @@ async def test_queue_timeout_for_a_non_stream_is_503_with_retry_after(
     await assert_idle(gw)
 
 
-async def test_queued_stream_hears_its_position_in_sse_comments(start: StartGateway) -> None:
+async def test_queued_stream_hears_its_position_in_sse_comments(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3),
                                     server={"queue_heartbeat_s": 0.05}))
-    holder = await occupy_one_slot(gw)
+    holder = await occupy_one_slot(sdk, gw)
     body = {"model": "chat", "messages": MESSAGES, "stream": True}
     async with aiohttp.ClientSession() as http:
         async with http.post(gw.url + "/v1/chat/completions", json=body) as resp:
@@ -230,11 +211,13 @@ def reporter_tasks() -> list[asyncio.Task[Any]]:
     return [t for t in asyncio.all_tasks() if "QueueReporter._run" in repr(t.get_coro())]
 
 
-async def test_one_task_tells_every_queued_stream_its_place(start: StartGateway) -> None:
+async def test_one_task_tells_every_queued_stream_its_place(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     """Queue reports come from one task per pool, not one per waiter (thousands may
     queue), and each waiter still hears its own place move up until its slot comes."""
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=8)))
-    holder = await occupy_one_slot(gw)
+    holder = await occupy_one_slot(sdk, gw)
     body = {"model": "chat", "messages": MESSAGES, "stream": True}
     async with aiohttp.ClientSession() as http:
         streams = []
@@ -261,11 +244,11 @@ async def test_one_task_tells_every_queued_stream_its_place(start: StartGateway)
     await assert_idle(gw)
 
 
-async def test_queued_non_stream_reports_its_wait(start: StartGateway) -> None:
+async def test_queued_non_stream_reports_its_wait(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
-    holder = await occupy_one_slot(gw)
-    waiter = asyncio.create_task(sdk(gw).chat.completions.with_raw_response.create(
-        model="chat", messages=MESSAGES))  # type: ignore[arg-type]
+    holder = await occupy_one_slot(sdk, gw)
+    waiter = asyncio.ensure_future(sdk(gw).chat.completions.with_raw_response.create(
+        model="chat", messages=MESSAGES))
     await wait_pools(gw, lambda s: s["big"] == (1, 1))
     engine(gw).release()
     await holder

@@ -16,16 +16,22 @@ from openai import AsyncOpenAI
 from policies.config import ApiKeyConfig, BudgetConfig
 from policies.quotas import Quotas, period_bounds
 from router.app import RunningGateway
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
-from tests.test_ledger_gateway import rows_of
+from tests.support import (
+    MESSAGES,
+    SdkClients,
+    StartGateway,
+    assert_idle,
+    engine,
+    gateway_config,
+    rows_of,
+    sim_backend,
+)
 
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
 KEYS = {name: f"sk-{name}-0123456789" for name in ("gold", "team", "batch", "capped", "metered")}
 
 
-def client(gw: RunningGateway, name: str, **headers: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEYS[name], max_retries=0,
-                       default_headers=headers or None)
+def client(sdk: SdkClients, gw: RunningGateway, name: str, **headers: str) -> AsyncOpenAI:
+    return sdk(gw, api_key=KEYS[name], default_headers=headers or None)
 
 
 def key(name: str, **limits: Any) -> dict[str, Any]:
@@ -47,8 +53,10 @@ def config(tmp_path: Path, slots: int = 1, queue_limit: int = 2) -> dict[str, An
     return raw
 
 
-async def ask(gw: RunningGateway, name: str, request_id: str, **headers: str) -> str:
-    reply = await client(gw, name, **{"X-Request-Id": request_id, **headers}
+async def ask(
+    sdk: SdkClients, gw: RunningGateway, name: str, request_id: str, **headers: str
+) -> str:
+    reply = await client(sdk, gw, name, **{"X-Request-Id": request_id, **headers}
                          ).chat.completions.create(model="chat", messages=MESSAGES)
     return reply.choices[0].message.content or ""
 
@@ -61,25 +69,25 @@ async def queued(gw: RunningGateway, n: int) -> None:
 
 
 async def test_critical_first_and_a_full_queue_sheds_the_sheddable(
-    start: StartGateway, tmp_path: Path
+    sdk: SdkClients, start: StartGateway, tmp_path: Path
 ) -> None:
     gw = await start(config(tmp_path))
     sim = engine(gw)
     sim.hold()
-    running = asyncio.create_task(ask(gw, "team", "running"))
+    running = asyncio.create_task(ask(sdk, gw, "team", "running"))
     await sim.wait_until(lambda e: e.active == 1)
-    batch = asyncio.create_task(ask(gw, "batch", "batch"))
+    batch = asyncio.create_task(ask(sdk, gw, "batch", "batch"))
     await queued(gw, 1)
-    team = asyncio.create_task(ask(gw, "team", "team"))
+    team = asyncio.create_task(ask(sdk, gw, "team", "team"))
     await queued(gw, 2)
     assert gw.gateway.pools["big"].snapshot().sheddable == 1
-    gold = asyncio.create_task(ask(gw, "gold", "gold"))  # the queue is full: batch goes
+    gold = asyncio.create_task(ask(sdk, gw, "gold", "gold"))  # the queue is full: batch goes
     with pytest.raises(openai.RateLimitError) as shed:
         await batch
     assert shed.value.body["code"] == "shed"  # type: ignore[index]
     assert int(shed.value.response.headers["retry-after"]) >= 1
     with pytest.raises(openai.RateLimitError) as full:  # sheddable: nobody to displace
-        await ask(gw, "batch", "late")
+        await ask(sdk, gw, "batch", "late")
     assert full.value.body["code"] == "queue_full"  # type: ignore[index]
     await queued(gw, 2)
     sim.release()
@@ -91,41 +99,43 @@ async def test_critical_first_and_a_full_queue_sheds_the_sheddable(
 
 
 async def test_a_client_may_lower_its_class_but_not_raise_it(
-    start: StartGateway, tmp_path: Path
+    sdk: SdkClients, start: StartGateway, tmp_path: Path
 ) -> None:
     gw = await start(config(tmp_path, slots=2))
-    await ask(gw, "gold", "lowered", **{"x-slotgate-priority": "sheddable"})
-    await ask(gw, "team", "raised", **{"x-slotgate-priority": "critical"})
-    await ask(gw, "gold", "nonsense", **{"x-slotgate-priority": "urgent!"})
+    await ask(sdk, gw, "gold", "lowered", **{"x-slotgate-priority": "sheddable"})
+    await ask(sdk, gw, "team", "raised", **{"x-slotgate-priority": "critical"})
+    await ask(sdk, gw, "gold", "nonsense", **{"x-slotgate-priority": "urgent!"})
     classes = {r.request_id: r.priority for r in gw.gateway.recent}
     assert classes == {"lowered": "sheddable", "raised": "standard", "nonsense": "critical"}
 
 
-async def test_concurrency_cap_per_key(start: StartGateway, tmp_path: Path) -> None:
+async def test_concurrency_cap_per_key(
+    sdk: SdkClients, start: StartGateway, tmp_path: Path
+) -> None:
     gw = await start(config(tmp_path, slots=2))
     sim = engine(gw)
     sim.hold()
-    first = asyncio.create_task(ask(gw, "capped", "first"))
+    first = asyncio.create_task(ask(sdk, gw, "capped", "first"))
     await sim.wait_until(lambda e: e.active == 1)
     with pytest.raises(openai.RateLimitError) as capped:
-        await ask(gw, "capped", "second")
+        await ask(sdk, gw, "capped", "second")
     assert capped.value.body["code"] == "concurrency_limit"  # type: ignore[index]
     assert capped.value.response.headers["x-slotgate-reject-reason"] == "concurrency_limit"
-    other = asyncio.create_task(ask(gw, "team", "other-key"))
+    other = asyncio.create_task(ask(sdk, gw, "team", "other-key"))
     await sim.wait_until(lambda e: e.active == 2)  # others are not limited by it
     sim.release()
     assert all(await asyncio.gather(first, other))
-    assert await ask(gw, "capped", "third")  # the cap counts requests running, not made
+    assert await ask(sdk, gw, "capped", "third")  # the cap counts requests running, not made
     assert gw.gateway.quotas.running("capped") == 0
     await assert_idle(gw)
 
 
 async def test_token_budget_then_429_and_it_survives_a_restart(
-    start: StartGateway, tmp_path: Path
+    sdk: SdkClients, start: StartGateway, tmp_path: Path
 ) -> None:
     raw = config(tmp_path)
     gw = await start(raw)
-    metered = client(gw, "metered")
+    metered = client(sdk, gw, "metered")
     with pytest.raises(openai.NotFoundError):  # refused before it takes anything
         await metered.chat.completions.create(model="nope", messages=MESSAGES)
     used = 0
@@ -141,14 +151,14 @@ async def test_token_budget_then_429_and_it_survives_a_restart(
     now = datetime.now(UTC).timestamp()
     _, midnight = period_bounds("day", now)
     assert 1 <= int(over.value.response.headers["retry-after"]) <= midnight - now + 1
-    assert await ask(gw, "team", "unmetered")
+    assert await ask(sdk, gw, "team", "unmetered")
 
     rows = await rows_of(gw, str(tmp_path / "ledger.sqlite3"))  # closes: a restart
     spent = sum(r.prompt_tokens + r.completion_tokens for r in rows if r.key_id == "metered")
     assert spent == used  # the refused requests (404, 429) spent nothing
     again = await start(raw)
     with pytest.raises(openai.RateLimitError) as still:
-        await client(again, "metered").chat.completions.create(model="chat",
+        await client(sdk, again, "metered").chat.completions.create(model="chat",
                                                                messages=MESSAGES)
     assert still.value.body["code"] == "budget_exceeded"  # type: ignore[index]
 

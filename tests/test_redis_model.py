@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 )
 
 from policies.slots.lua import ACQUIRE, ENQUEUE, KEY_NAMES, POLL, RELEASE, RENEW, WITHDRAW
-from tests.conftest import RedisServer, closed_port, require_program
+from tests.support import RedisServer, closed_port, require_program
 
 TTL_MS = 600_000  # nothing expires by itself while a test runs: the rules expire things
 CHANNEL = "{model}:wake"

@@ -4,25 +4,25 @@ no request waits forever, and the gateway recovers by itself."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
 import redis.asyncio as aioredis
 
 from router.app import RunningGateway
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
     RedisServer,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
     sim_backend,
     wait_pools,
 )
 
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 BOUNDED_S = 10  # every request here ends within this, whatever Redis does
 HOLDERS = "{slotgate:big}:holders"
 
@@ -46,23 +46,23 @@ def config(redis_url: str, mode: str) -> dict[str, Any]:
     return raw
 
 
-async def ask(gw: RunningGateway, **kwargs: Any) -> Any:
+async def ask(sdk: SdkClients, gw: RunningGateway, **kwargs: Any) -> Any:
     async with asyncio.timeout(BOUNDED_S):
         return await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES, **kwargs)
 
 
-async def first_chunk(gw: RunningGateway) -> Any:
+async def first_chunk(sdk: SdkClients, gw: RunningGateway) -> Any:
     stream = await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES, stream=True)
     await stream.__anext__()
     return stream
 
 
-async def until_served(gw: RunningGateway) -> int:
+async def until_served(sdk: SdkClients, gw: RunningGateway) -> int:
     """Ask until a request is served, waiting each 503's Retry-After as a client does;
     returns how many 503s came first."""
     for refused in range(10):
         try:
-            await ask(gw)
+            await ask(sdk, gw)
             return refused
         except openai.InternalServerError as err:
             assert err.body["code"] == "coordination_unavailable"  # type: ignore[index]
@@ -71,21 +71,21 @@ async def until_served(gw: RunningGateway) -> int:
 
 
 async def test_fail_closed_refuses_while_redis_is_away_and_recovers(
-    start: StartGateway, redis_server: RedisServer
+    sdk: SdkClients, start: StartGateway, redis_server: RedisServer
 ) -> None:
     gw = await start(config(redis_server.url, "fail_closed"))
     sim = engine(gw)
-    assert (await ask(gw)).choices
+    assert (await ask(sdk, gw)).choices
     sim.hold(after_tokens=1)
-    streams = [await first_chunk(gw) for _ in range(2)]  # both slots, mid-answer
-    waiter = asyncio.create_task(ask(gw))  # third in line
+    streams = [await first_chunk(sdk, gw) for _ in range(2)]  # both slots, mid-answer
+    waiter = asyncio.create_task(ask(sdk, gw))  # third in line
     await wait_pools(gw, lambda s: s["big"] == (2, 1))
     await redis_server.stop(kill=True)
     with pytest.raises(openai.InternalServerError) as waited:
         await waiter  # its line is gone: answered at once, not left hanging
     assert waited.value.body["code"] == "coordination_unavailable"  # type: ignore[index]
     with pytest.raises(openai.InternalServerError) as refused:
-        await ask(gw)
+        await ask(sdk, gw)
     assert refused.value.body["code"] == "coordination_unavailable"  # type: ignore[index]
     assert "slotgate_redis_up 0.0" in gw.gateway.metrics.exposition().decode()
     assert int(refused.value.response.headers["Retry-After"]) >= 1
@@ -96,19 +96,19 @@ async def test_fail_closed_refuses_while_redis_is_away_and_recovers(
     sim.release()
     for stream in streams:  # the answers in flight kept their slots through the outage
         assert [chunk async for chunk in stream]
-    await until_served(gw)
+    await until_served(sdk, gw)
     assert "slotgate_redis_up 1.0" in gw.gateway.metrics.exposition().decode()
     await assert_idle(gw)
 
 
 async def test_fail_open_local_serves_from_a_local_share_and_returns_to_redis(
-    start: StartGateway, redis_server: RedisServer
+    sdk: SdkClients, start: StartGateway, redis_server: RedisServer
 ) -> None:
     gw = await start(config(redis_server.url, "fail_open_local"))
     sim = engine(gw)
     await redis_server.stop(kill=True)
     sim.hold()
-    during = [asyncio.create_task(ask(gw)) for _ in range(3)]  # 2 run, 1 waits locally
+    during = [asyncio.create_task(ask(sdk, gw)) for _ in range(3)]  # 2 run, 1 waits locally
     await sim.wait_until(lambda e: e.active == 2)
     sim.release()
     assert all(reply.choices for reply in await asyncio.gather(*during))
@@ -120,7 +120,7 @@ async def test_fail_open_local_serves_from_a_local_share_and_returns_to_redis(
     async with asyncio.timeout(BOUNDED_S):  # no traffic needed: the breaker probes by itself
         await coordinator.healthy.wait()
     sim.hold()
-    held = asyncio.create_task(ask(gw))
+    held = asyncio.create_task(ask(sdk, gw))
     await sim.wait_until(lambda e: e.active == 1)
     client = aioredis.Redis.from_url(redis_server.url)
     try:
@@ -133,18 +133,18 @@ async def test_fail_open_local_serves_from_a_local_share_and_returns_to_redis(
 
 
 async def test_a_stream_whose_slot_was_given_away_ends_with_an_error(
-    start: StartGateway, redis_server: RedisServer
+    sdk: SdkClients, start: StartGateway, redis_server: RedisServer
 ) -> None:
     raw = config(redis_server.url, "fail_closed")
     raw["backends"]["big"]["slots"] = 1
     gw = await start(raw)
     engine(gw).hold(after_tokens=1)
-    stream = await first_chunk(gw)
+    stream = await first_chunk(sdk, gw)
     client = aioredis.Redis.from_url(redis_server.url)
     try:
         # As if this replica had been cut off past the TTL and another took the slot:
         [lease] = await client.zrange(HOLDERS, 0, -1)
-        await client.zrem(HOLDERS, lease)
+        await client.zrem(HOLDERS, cast(bytes, lease))
         await client.zadd(HOLDERS, {"another-replica": 2**50})
         with pytest.raises(openai.APIError) as cut:
             async with asyncio.timeout(BOUNDED_S):
@@ -159,24 +159,25 @@ async def test_a_stream_whose_slot_was_given_away_ends_with_an_error(
 
 
 async def test_startup_with_redis_down_follows_the_setting(
-    start: StartGateway, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    sdk: SdkClients, start: StartGateway, redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     await redis_server.stop(kill=True)
     gw = await start(config(redis_server.url, "fail_closed"))
     assert "unreachable at startup" in caplog.text and "503" in caplog.text
     with pytest.raises(openai.InternalServerError):
-        await ask(gw)
+        await ask(sdk, gw)
     await redis_server.start()
-    await until_served(gw)
+    await until_served(sdk, gw)
 
 
 async def test_the_redis_url_can_come_from_the_environment(
-    start: StartGateway, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkClients, start: StartGateway, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLOTGATE_REDIS_URL", redis_server.url)
     raw = config(redis_server.url, "fail_closed")
     raw["coordination"]["url_env"] = "SLOTGATE_REDIS_URL"
     del raw["coordination"]["url"]
     gw = await start(raw)
-    assert (await ask(gw)).choices
+    assert (await ask(sdk, gw)).choices
     assert gw.gateway.coordinator is not None and gw.gateway.coordinator.healthy.is_set()

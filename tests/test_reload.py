@@ -14,10 +14,7 @@ import yaml
 from router.app import RunningGateway, start_gateway
 from router.cli import main
 from router.config import load_config
-from tests.conftest import assert_idle, sdk, sim_backend, wait_pools
-from tests.test_distributed import GatewayProcess
-
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
+from tests.support import MESSAGES, GatewayProcess, SdkClients, assert_idle, sim_backend, wait_pools
 
 
 def write(path: Path, slots: int, queue_limit: int = 8, **route: Any) -> None:
@@ -39,7 +36,7 @@ async def post_reload(gw: RunningGateway) -> tuple[int, dict[str, Any]]:
             return resp.status, await resp.json()
 
 
-async def test_a_valid_config_applies_to_new_admissions(tmp_path: Path) -> None:
+async def test_a_valid_config_applies_to_new_admissions(sdk: SdkClients, tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     write(path, slots=1)
     gw = await started(path)
@@ -63,7 +60,9 @@ async def test_a_valid_config_applies_to_new_admissions(tmp_path: Path) -> None:
         await gw.close()
 
 
-async def test_an_invalid_config_is_refused_and_the_old_one_kept(tmp_path: Path) -> None:
+async def test_an_invalid_config_is_refused_and_the_old_one_kept(
+    sdk: SdkClients, tmp_path: Path
+) -> None:
     path = tmp_path / "gateway.yaml"
     write(path, slots=1)
     gw = await started(path)
@@ -85,7 +84,7 @@ async def test_an_invalid_config_is_refused_and_the_old_one_kept(tmp_path: Path)
         await gw.close()
 
 
-async def test_twenty_reloads_under_load_fail_no_request(tmp_path: Path) -> None:
+async def test_twenty_reloads_under_load_fail_no_request(sdk: SdkClients, tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     write(path, slots=2, queue_limit=64)
     gw = await started(path)

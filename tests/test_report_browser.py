@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from router.report import build_report
 from router.report_render import render_html
-from tests.test_report import hand_ledger
+from tests.support import hand_ledger
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Request, Route

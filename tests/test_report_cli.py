@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from router.ledger import LedgerRow
-from tests.test_report import T0, hand_ledger
+from tests.support import T0, hand_ledger
 
 approx = pytest.approx
 

@@ -33,7 +33,8 @@ from openai import AsyncOpenAI
 from router.app import RunningGateway
 from router.simulated import FaultMode
 from tests.canaries import Canaries, Seen, leaks, no_leak
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
     StartGateway,
     assert_idle,
     closed_port,
@@ -45,7 +46,6 @@ from tests.conftest import (
 
 BACKEND_ENV = "SLOTGATE_CANARY_BACKEND_KEY"
 ADMIN_ENV = "SLOTGATE_CANARY_ADMIN_KEY"
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
 LOGGERS = ("slotgate", "slotgate.access", "aiohttp", "asyncio", "policies", "router")
 

@@ -9,12 +9,12 @@ import pytest
 from openai import APIConnectionError
 
 from router.app import RunningGateway
-from tests.conftest import (
+from tests.support import (
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
     sim_backend,
     wait_pools,
 )
@@ -38,7 +38,7 @@ def steering_config(when: str = "saturated", **fallback: Any) -> dict[str, Any]:
     return raw
 
 
-async def hold_primary(gw: RunningGateway) -> list[asyncio.Task[Any]]:
+async def hold_primary(sdk: SdkClients, gw: RunningGateway) -> list[asyncio.Task[Any]]:
     big = engine(gw, "big")
     big.hold()
     client = sdk(gw)
@@ -49,22 +49,24 @@ async def hold_primary(gw: RunningGateway) -> list[asyncio.Task[Any]]:
     return busy
 
 
-async def ask(gw: RunningGateway, kind: str) -> Any:
+async def ask(sdk: SdkClients, gw: RunningGateway, kind: str) -> Any:
     return await sdk(gw).chat.completions.with_raw_response.create(
         model="chat", messages=[{"role": "user", "content": PROMPTS[kind]}],
         extra_headers={"X-Request-Id": kind})
 
 
-async def test_simple_requests_go_to_the_small_model_hard_ones_wait(start: StartGateway) -> None:
+async def test_simple_requests_go_to_the_small_model_hard_ones_wait(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(steering_config())
-    busy = await hold_primary(gw)
-    simple = {kind: await ask(gw, kind) for kind in ("greeting", "translate")}
+    busy = await hold_primary(sdk, gw)
+    simple = {kind: await ask(sdk, gw, kind) for kind in ("greeting", "translate")}
     for kind, raw in simple.items():
         assert raw.headers["x-slotgate-backend"] == "small"
         reason = raw.headers["x-slotgate-route-reason"]
         assert reason.startswith(f"fallback:simple:{kind}:"), reason
         assert float(reason.rsplit(":", 1)[1]) >= 0.8
-    hard = [asyncio.create_task(ask(gw, kind)) for kind in ("code", "math")]
+    hard = [asyncio.create_task(ask(sdk, gw, kind)) for kind in ("code", "math")]
     await wait_pools(gw, lambda s: s["big"] == (3, 2))  # both wait for the primary
     assert set(engine(gw, "small").records) == {"greeting", "translate"}
     engine(gw, "big").release()
@@ -79,18 +81,18 @@ async def test_simple_requests_go_to_the_small_model_hard_ones_wait(start: Start
 
 
 async def test_queued_simple_request_moves_when_a_fallback_slot_frees(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     raw = steering_config()
     raw["backends"]["small"]["slots"] = 1
     raw["backends"]["small"]["simulated"]["max_num_seqs"] = 1
     gw = await start(raw)
-    busy = await hold_primary(gw)
+    busy = await hold_primary(sdk, gw)
     small = engine(gw, "small")
     small.hold()
-    first = asyncio.create_task(ask(gw, "greeting"))  # takes the only fallback slot
+    first = asyncio.create_task(ask(sdk, gw, "greeting"))  # takes the only fallback slot
     await small.wait_until(lambda e: "greeting" in e.records)
-    second = asyncio.create_task(ask(gw, "translate"))  # must queue for the primary
+    second = asyncio.create_task(ask(sdk, gw, "translate"))  # must queue for the primary
     await wait_pools(gw, lambda s: s["big"] == (3, 1))
     small.release()  # the fallback slot frees: the queued translation takes it
     moved = await second
@@ -104,20 +106,22 @@ async def test_queued_simple_request_moves_when_a_fallback_slot_frees(
 
 
 @pytest.mark.parametrize(("when", "expected"), [("never", "big"), ("always", "small")])
-async def test_when_never_and_always(start: StartGateway, when: str, expected: str) -> None:
+async def test_when_never_and_always(
+    sdk: SdkClients, start: StartGateway, when: str, expected: str
+) -> None:
     gw = await start(steering_config(when))
-    raw = await ask(gw, "greeting")  # the primary is idle
+    raw = await ask(sdk, gw, "greeting")  # the primary is idle
     assert raw.headers["x-slotgate-backend"] == expected
     await assert_idle(gw)
 
 
 async def test_too_long_for_the_fallback_context_stays_on_the_primary(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     gw = await start(steering_config())
-    busy = await hold_primary(gw)
+    busy = await hold_primary(sdk, gw)
     long_text = "Please summarize this report in two sentences.\n" + "Revenue grew. " * 3000
-    task = asyncio.create_task(sdk(gw).chat.completions.with_raw_response.create(
+    task = asyncio.ensure_future(sdk(gw).chat.completions.with_raw_response.create(
         model="chat", messages=[{"role": "user", "content": long_text}], max_tokens=100))
     await wait_pools(gw, lambda s: s["big"] == (3, 1))
     engine(gw, "big").release()
@@ -128,7 +132,7 @@ async def test_too_long_for_the_fallback_context_stays_on_the_primary(
 
 
 async def test_a_client_that_leaves_during_a_move_never_reaches_the_fallback(
-    start: StartGateway,
+    start: StartGateway, sdk: SdkClients,
 ) -> None:
     """The client leaves at the instant its request leaves the primary's queue for a freed
     fallback slot: the request ends there (the fallback's slot goes back, unused)."""
@@ -136,13 +140,13 @@ async def test_a_client_that_leaves_during_a_move_never_reaches_the_fallback(
     raw["backends"]["small"]["slots"] = 1
     raw["backends"]["small"]["simulated"]["max_num_seqs"] = 1
     gw = await start(raw)
-    busy = await hold_primary(gw)
+    busy = await hold_primary(sdk, gw)
     small = engine(gw, "small")
     small.hold()
-    first = asyncio.create_task(ask(gw, "greeting"))  # takes the only fallback slot
+    first = asyncio.create_task(ask(sdk, gw, "greeting"))  # takes the only fallback slot
     await small.wait_until(lambda e: "greeting" in e.records)
     before = set(gw.gateway.handlers)
-    second = asyncio.create_task(ask(gw, "translate"))  # must queue for the primary
+    second = asyncio.create_task(ask(sdk, gw, "translate"))  # must queue for the primary
     await wait_pools(gw, lambda s: s["big"] == (3, 1))
     (handler,) = set(gw.gateway.handlers) - before
 

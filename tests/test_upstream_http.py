@@ -361,7 +361,7 @@ async def test_backpressure_reaches_the_engine(raw: Raw, pool: HttpPool) -> None
     conn, engine = resp._conn, raw.writers[0].transport
     paused = asyncio.Event()
     pause = conn.transport.pause_reading
-    conn.transport.pause_reading = lambda: (paused.set(), pause())  # type: ignore[method-assign]
+    conn.transport.pause_reading = lambda: (paused.set(), pause())  # type: ignore[func-returns-value]
     if not conn.paused:  # it may have paused already, before request() returned
         await within(paused.wait())
     assert not conn.transport.is_reading()

@@ -16,8 +16,7 @@ from typing import Any
 import openai
 from openai import AsyncOpenAI
 
-from tests.conftest import RedisServer, gateway_config, sim_backend
-from tests.test_cli import SLOTGATE
+from tests.support import SLOTGATE, RedisServer, gateway_config, sim_backend
 
 LISTENING = re.compile(rb"\[worker (\d+)/(\d+), pid (\d+)\] slotgate listening on (http://\S+)")
 

@@ -11,20 +11,20 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import openai
 import pytest
 
 from policies.breaker import BreakerState, CircuitBreaker
 from router.simulated import FaultMode, SimEngine
-from tests.chaos.waits import Changes
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    Changes,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
     sim_backend,
     wait_pools,
 )
@@ -32,7 +32,6 @@ from tests.conftest import (
 CLIENTS = 30  # requests in flight, times the scale
 FAULTS = 12  # requests of the primary that fail, per fault mode
 SEED = 7
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 
 SIM = {"ttft_s": 0.01, "tokens_per_s": 400, "output_tokens": 10}
 SERVE_S = SIM["ttft_s"] + SIM["output_tokens"] / SIM["tokens_per_s"]  # one healthy answer
@@ -105,7 +104,7 @@ async def call(client: openai.AsyncOpenAI, stream: bool) -> str:
 
 
 async def test_a_failing_primary_never_holds_clients_past_their_deadline(
-    start: StartGateway, scale: int
+    sdk: SdkClients, start: StartGateway, scale: int
 ) -> None:
     big_timeouts, small_timeouts, deadline_s = timeouts(scale)
     gw = await start(gateway_config(
@@ -187,7 +186,7 @@ async def test_a_failing_primary_never_holds_clients_past_their_deadline(
 
 
 async def test_a_queued_stream_retried_into_a_full_fallback_keeps_one_response(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1),
                                     sim_backend("m-small", slots=1, queue_limit=1)))

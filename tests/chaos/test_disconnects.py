@@ -26,12 +26,12 @@ from aiohttp import web
 from router import dispatch
 from router.openai_api import Endpoint
 from router.usage import CLIENT_CLOSED
-from tests.conftest import (
+from tests.support import (
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
     sim_backend,
     wait_pools,
 )
@@ -134,7 +134,8 @@ def ledger_rows(path: Path) -> list[tuple[str, int, str | None]]:
 
 
 async def test_clients_leaving_at_random_moments_leave_no_trace(
-    start: StartGateway, scale: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkClients, start: StartGateway, scale: int, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reached: Counter[str] = Counter()  # request ids whose handler began
     handle = dispatch.handle
@@ -216,7 +217,7 @@ async def test_clients_leaving_at_random_moments_leave_no_trace(
 
 
 async def test_leaving_just_after_the_slot_is_granted_frees_it(
-    start: StartGateway, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkClients, start: StartGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handlers: dict[str, asyncio.Task[Any]] = {}
     handle = dispatch.handle

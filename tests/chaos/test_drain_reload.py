@@ -38,12 +38,9 @@ from router.app import RunningGateway, start_gateway
 from router.config import load_config
 from router.reload import reload_file
 from router.simulated import start_simulator
-from tests.chaos.waits import Changes
-from tests.conftest import assert_idle, sdk, sim_backend
-from tests.test_distributed import GatewayProcess
+from tests.support import MESSAGES, Changes, GatewayProcess, SdkClients, assert_idle, sim_backend
 
 SEED = 20240612
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 STREAM_SHARE = 0.75  # of the requests; the rest ask for a whole answer
 
 
@@ -291,7 +288,9 @@ async def post_reload(http: aiohttp.ClientSession, gw: RunningGateway) -> list[s
         return changes
 
 
-async def test_reloads_under_load_fail_no_request(tmp_path: Path, scale: int) -> None:
+async def test_reloads_under_load_fail_no_request(
+    sdk: SdkClients, tmp_path: Path, scale: int
+) -> None:
     size = reload_size(scale)
     clients = 16 * size  # against 4 to 10 slots (x size), always with room in a queue
     reloads = 20 * scale

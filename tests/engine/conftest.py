@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REQUIRE_ALL, closed_port
 from tests.engine.model import model_file
+from tests.support import REQUIRE_ALL, closed_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PYTHON = Path(os.environ.get("SLOTGATE_ENGINE_PYTHON",

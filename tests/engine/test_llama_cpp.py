@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,8 @@ from router.app import RunningGateway
 from router.ledger import LedgerRow, RowFilter
 from router.ledger_open import open_store
 from router.record import Phase, RequestRecord
-from tests.conftest import StartGateway, assert_idle, sdk, wait_pools
 from tests.engine.conftest import FIGURES, MODEL_ID, Engines, LlamaServer
+from tests.support import SdkClients, StartGateway, assert_idle, poll_until, wait_pools
 
 ASK: Any = [{"role": "user", "content": "Write about the history of the river."}]
 HELLO: Any = [{"role": "user", "content": "Good morning!"}]
@@ -73,13 +73,6 @@ async def free(server: LlamaServer, within_s: float) -> bool:
         return False
 
 
-async def until(condition: Callable[[], bool], within_s: float = 30.0) -> None:
-    """Poll a condition the gateway offers no signal for, with a deadline."""
-    async with asyncio.timeout(within_s):
-        while not condition():  # noqa: ASYNC110 - no event to wait on
-            await asyncio.sleep(0.01)
-
-
 def record(gw: RunningGateway, request_id: str) -> RequestRecord:
     found = [r for r in gw.gateway.recent if r.request_id == rid(request_id)]
     assert found, f"no record of {request_id}"
@@ -100,17 +93,9 @@ Connect = Callable[[RunningGateway], AsyncOpenAI]
 
 
 @pytest.fixture
-async def connect() -> AsyncIterator[Connect]:
-    """The official SDK pointed at a gateway; every client is closed after the test."""
-    clients: list[AsyncOpenAI] = []
-
-    def _connect(gw: RunningGateway) -> AsyncOpenAI:
-        clients.append(sdk(gw))
-        return clients[-1]
-
-    yield _connect
-    for client in clients:
-        await client.close()
+def connect(sdk: SdkClients) -> Connect:
+    """The official SDK pointed at a gateway; the `sdk` fixture closes every client."""
+    return sdk
 
 
 @dataclass
@@ -338,13 +323,15 @@ async def test_an_abandoned_non_stream(
             f"slot held {left.slot_ms / 1000:.2f} s; next admitted at once, then took "
             f"{nxt.slot_ms / 1000:.2f} s inside the still-busy engine")
     else:
-        await until(lambda: upstream.draining == 1)  # the gateway knows the client left
+        await poll_until(lambda: upstream.draining == 1, within_s=30.0,
+                         every_s=0.01)  # the gateway knows the client left
         assert gw.gateway.pools["big"].active == 1  # and keeps the slot
         follower = asyncio.create_task(client.chat.completions.create(
             model="chat", messages=ASK, max_tokens=8, extra_headers={"X-Request-Id": rid("next")}))
         await wait_pools(gw, lambda s: s["big"] == (1, 1))  # the next one waits in line
         answer = await follower
-        await until(lambda: upstream.draining == 0)
+        await poll_until(lambda: upstream.draining == 0, within_s=30.0,
+                         every_s=0.01)
         nxt, left = record(gw, "next"), record(gw, "leaver")
         # The abandoned answer was read to its end (the engine's own usage) before the
         # next request was let through, so that one never waited inside the engine.

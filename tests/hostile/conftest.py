@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from tests.conftest import serve_app
+from tests.support import serve_app
 
 ANSWER: dict[str, Any] = {
     "id": "c1", "object": "chat.completion", "model": "m", "choices": [

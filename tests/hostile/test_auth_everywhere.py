@@ -16,8 +16,8 @@ from policies.config import Public
 from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
 from router.pages import PAGES
-from tests.conftest import StartGateway, assert_idle, sim_backend
-from tests.hostile.test_refusals import ADMIN_KEY, KEY, bearer, scrape, value, with_auth
+from tests.hostile.keys import ADMIN_KEY, KEY, bearer, scrape, value, with_auth
+from tests.support import StartGateway, assert_idle, sim_backend
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Request

@@ -20,22 +20,21 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openai import AsyncOpenAI
 
 from router.app import RunningGateway
 from router.json_bounds import check_bounds
-from tests.conftest import (
+from tests.support import (
+    MESSAGES,
+    SdkClients,
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
-    sdk,
     serve_app,
     sim_backend,
     wait_pools,
 )
 
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
 KEY = "sk-hostile-0123456789"
 
 
@@ -285,7 +284,9 @@ async def test_a_flood_of_tiny_values_is_refused_before_parsing(
     await assert_idle(gw)
 
 
-async def test_a_stalled_body_gets_408_at_the_read_timeout(start: StartGateway) -> None:
+async def test_a_stalled_body_gets_408_at_the_read_timeout(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     timeout_s = 0.5
     gw = await start(gateway_config(sim_backend("m", slots=1),
                                     server={"body_read_timeout_s": timeout_s}))
@@ -332,11 +333,11 @@ async def test_a_wrong_key_is_refused_before_any_body_byte(start: StartGateway) 
 
 
 async def test_the_keys_concurrency_cap_refuses_before_the_body_is_read(
-        start: StartGateway) -> None:
+        sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(auth_config(max_concurrent=1))
     sim = engine(gw)
     sim.hold()
-    client = AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+    client = sdk(gw, api_key=KEY)
     running = asyncio.create_task(
         client.chat.completions.create(model="chat", messages=MESSAGES))
     try:

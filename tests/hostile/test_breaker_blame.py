@@ -16,9 +16,16 @@ import pytest
 
 from policies.breaker import BreakerState
 from router.simulated import FaultMode
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sdk, sim_backend
+from tests.support import (
+    MESSAGES,
+    SdkClients,
+    StartGateway,
+    assert_idle,
+    engine,
+    gateway_config,
+    sim_backend,
+)
 
-MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 CHAT = orjson.dumps({"model": "chat", "messages": MESSAGES})
 
 
@@ -51,7 +58,9 @@ class ProbeCount:
             self.running -= 1
 
 
-async def test_a_hundred_bad_requests_leave_the_breaker_closed(start: StartGateway) -> None:
+async def test_a_hundred_bad_requests_leave_the_breaker_closed(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     big = sim_backend("m", slots=4, queue_limit=16, breaker_failures=5, breaker_open_s=60)
     gw = await start(gateway_config(big, sim_backend("m-small", slots=4)))
     probes = ProbeCount(gw)
@@ -82,7 +91,7 @@ async def test_a_hundred_bad_requests_leave_the_breaker_closed(start: StartGatew
 
 
 async def test_500s_with_a_failing_health_check_still_open_the_breaker(
-    start: StartGateway
+    sdk: SdkClients, start: StartGateway
 ) -> None:
     big = sim_backend("m", slots=2, breaker_failures=3, breaker_open_s=60)
     gw = await start(gateway_config(big, sim_backend("m-small", slots=2)))
@@ -95,7 +104,7 @@ async def test_500s_with_a_failing_health_check_still_open_the_breaker(
     await assert_idle(gw)
 
 
-async def test_refused_connections_open_the_breaker(start: StartGateway) -> None:
+async def test_refused_connections_open_the_breaker(sdk: SdkClients, start: StartGateway) -> None:
     big = sim_backend("m", slots=2, breaker_failures=3, breaker_open_s=60)
     gw = await start(gateway_config(big, sim_backend("m-small", slots=2)))
     engine(gw).inject_fault(FaultMode.REFUSE, count=3)

@@ -14,11 +14,8 @@ import pytest
 import yaml
 from openai import AsyncOpenAI
 
-from tests.conftest import gateway_config, sim_backend
 from tests.hostile.conftest import answered
-from tests.test_distributed import SLOTGATE, GatewayProcess
-
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
+from tests.support import MESSAGES, SLOTGATE, GatewayProcess, gateway_config, sim_backend
 
 
 def config(**server: Any) -> dict[str, Any]:
@@ -88,7 +85,7 @@ async def test_a_flood_under_a_low_open_file_limit_leaves_normal_clients_served(
         preexec_fn=low_limit)
     assert proc.stdout is not None
     try:
-        lines = []
+        lines: list[bytes] = []
         async with asyncio.timeout(30):
             while b"listening on" not in (line := await proc.stdout.readline()):
                 assert line, b"".join(lines)

@@ -15,7 +15,6 @@ import pytest
 
 from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
-from tests.conftest import StartGateway, assert_idle, gateway_config, sdk, sim_backend
 from tests.hostile.conftest import answered
 from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
     BOTH_LOOPS,
@@ -23,8 +22,14 @@ from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
     connect,
     event_loop_policy,
 )
-
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
+from tests.support import (
+    MESSAGES,
+    SdkClients,
+    StartGateway,
+    assert_idle,
+    gateway_config,
+    sim_backend,
+)
 
 pytestmark = BOTH_LOOPS
 
@@ -42,7 +47,7 @@ async def one_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
         return head, await reader.readexactly(length)
 
 
-async def served(gw: RunningGateway) -> None:
+async def served(sdk: SdkClients, gw: RunningGateway) -> None:
     """A normal client (the official SDK, from 127.0.0.1) gets its answer."""
     async with sdk(gw) as client:
         answer = await client.chat.completions.create(model="chat", messages=MESSAGES)
@@ -50,7 +55,7 @@ async def served(gw: RunningGateway) -> None:
 
 
 async def test_a_dribbling_head_is_cut_at_the_deadline_while_others_are_served(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     gw = await start(config(head_timeout_s=1))
     loop = asyncio.get_running_loop()
@@ -64,7 +69,7 @@ async def test_a_dribbling_head_is_cut_at_the_deadline_while_others_are_served(
         sent += 1
         await asyncio.wait([read], timeout=0.05)
         if sent == 5:
-            await served(gw)  # served meanwhile
+            await served(sdk, gw)  # served meanwhile
     async with asyncio.timeout(30):
         answer = await read + await reader.read()
     elapsed = loop.time() - began
@@ -99,7 +104,9 @@ async def test_an_idle_kept_alive_connection_is_closed_after_the_timeout(
     await assert_idle(gw)
 
 
-async def test_one_address_cannot_take_every_connection(start: StartGateway) -> None:
+async def test_one_address_cannot_take_every_connection(
+    sdk: SdkClients, start: StartGateway
+) -> None:
     gw = await start(config(max_connections_per_client=5, head_timeout_s=60))
     held = [await connect(gw, "127.0.0.2") for _ in range(5)]
     for reader, writer in held:  # each one admitted and answered, then kept alive
@@ -110,7 +117,7 @@ async def test_one_address_cannot_take_every_connection(start: StartGateway) -> 
     assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
     assert b"Retry-After: " in answer and b'"code":"too_many_connections"' in answer
     writer.close()
-    await served(gw)  # another address still gets through
+    await served(sdk, gw)  # another address still gets through
     for _, writer in held:
         writer.close()
     await assert_idle(gw)
@@ -154,7 +161,7 @@ async def test_the_total_cap_holds(start: StartGateway) -> None:
 
 
 async def test_when_slow_heads_fill_every_place_a_newcomer_still_gets_in(
-    start: StartGateway,
+    sdk: SdkClients, start: StartGateway,
 ) -> None:
     gw = await start(config(max_connections=20, max_connections_per_client=5,
                             head_timeout_s=60))
@@ -164,7 +171,7 @@ async def test_when_slow_heads_fill_every_place_a_newcomer_still_gets_in(
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # no more
         stalled.append((reader, writer))
     await asyncio.sleep(1.1)  # a head is evicted once it has waited more than a tick (1 s)
-    await served(gw)  # the oldest stalled head made room
+    await served(sdk, gw)  # the oldest stalled head made room
     reader, writer = stalled[0]
     assert await answered(reader) == b""  # closed without a word
     for _, writer in stalled:
@@ -172,7 +179,7 @@ async def test_when_slow_heads_fill_every_place_a_newcomer_still_gets_in(
     await assert_idle(gw)
 
 
-async def test_a_head_over_max_head_bytes_gets_431(start: StartGateway) -> None:
+async def test_a_head_over_max_head_bytes_gets_431(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(config(max_header_bytes=4096, max_head_bytes=8192))
     reader, writer = await connect(gw, "127.0.0.2")
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
@@ -182,7 +189,7 @@ async def test_a_head_over_max_head_bytes_gets_431(start: StartGateway) -> None:
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
     assert b'"code":"request_header_fields_too_large"' in answer
     writer.close()
-    await served(gw)
+    await served(sdk, gw)
     await assert_idle(gw)
 
 

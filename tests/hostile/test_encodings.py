@@ -15,8 +15,8 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
 from tests.hostile.conftest import Recorder
+from tests.support import StartGateway, assert_idle, engine, gateway_config, sim_backend
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello " * 200}]}
 

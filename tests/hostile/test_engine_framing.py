@@ -15,9 +15,8 @@ import pytest
 
 from router.upstream_http import HttpPool
 from router.upstream_wire import Target
-from tests.conftest import StartGateway, assert_idle, sdk
+from tests.support import MESSAGES, SdkClients, StartGateway, assert_idle
 
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
 BODY = orjson.dumps({"id": "c1", "object": "chat.completion", "model": "m", "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "fine"},
      "finish_reason": "stop"}]})
@@ -144,7 +143,7 @@ async def test_surplus_after_a_json_answer_never_reaches_the_client(
 
 @pytest.mark.parametrize("surplus", SURPLUS)
 async def test_surplus_after_done_in_a_stream_never_reaches_the_client(
-    start: StartGateway, engines: list[Engine], surplus: bytes
+    sdk: SdkClients, start: StartGateway, engines: list[Engine], surplus: bytes
 ) -> None:
     gw, eng = await gateway_over(start, engines, sse_answer() + surplus, sse_answer())
     client = sdk(gw)
@@ -160,7 +159,7 @@ async def test_surplus_after_done_in_a_stream_never_reaches_the_client(
 
 
 async def test_an_unsolicited_answer_on_an_idle_connection_is_never_served(
-    start: StartGateway, engines: list[Engine]
+    sdk: SdkClients, start: StartGateway, engines: list[Engine]
 ) -> None:
     gw, eng = await gateway_over(start, engines, json_answer(), json_answer())
     client = sdk(gw)

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from router.config import ConfigError, config_from_dict
-from tests.conftest import StartGateway, assert_idle
 from tests.hostile.conftest import Recorder
+from tests.support import StartGateway, assert_idle
 
 HOSTILE = {
     "Forwarded": "for=6.6.6.6;proto=https", "X-Forwarded-For": "6.6.6.6",

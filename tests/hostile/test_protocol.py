@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 
 from router.app import RunningGateway
-from tests.conftest import (
+from tests.hostile.conftest import answered
+from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
+    BOTH_LOOPS,
+    connect,
+    event_loop_policy,
+)
+from tests.support import (
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
     sim_backend,
     wait_pools,
-)
-from tests.hostile.conftest import answered
-from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
-    BOTH_LOOPS,
-    connect,
-    event_loop_policy,
 )
 
 pytestmark = BOTH_LOOPS

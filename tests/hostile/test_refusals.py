@@ -5,62 +5,29 @@ by size as well as by age, on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from policies.config import LedgerConfig
 from router.access_log import LogSampler
-from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
 from router.ledger import LedgerRow, RowFilter
 from router.ledger_open import open_ledger, open_store
-from tests.conftest import StartGateway, assert_idle, gateway_config, sim_backend
-from tests.test_ledger_gateway import rows_of
-
-KEY = "sk-hostile-tests-0123456789"
-ADMIN_KEY = "sk-hostile-admin-9876543210"
-BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def with_auth(raw: dict[str, Any], **auth: Any) -> dict[str, Any]:
-    """`raw` with auth on: one tenant key and one admin key."""
-    raw["auth"] = {"enabled": True, "keys": [
-        {"id": "team", "tenant": "research",
-         "sha256": hashlib.sha256(KEY.encode()).hexdigest()},
-        {"id": "ops", "tenant": "platform", "admin": True,
-         "sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()},
-    ], **auth}
-    return raw
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-async def scrape(gw: RunningGateway, key: str | None = KEY) -> Samples:
-    async with aiohttp.ClientSession() as http, http.get(
-            gw.url + "/metrics", headers=bearer(key) if key else {}) as resp:
-        assert resp.status == 200, await resp.text()
-        text = await resp.text()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def access_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
-    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "slotgate.access"]
+from tests.hostile.keys import (
+    BODY,
+    KEY,
+    access_lines,
+    bearer,
+    scrape,
+    value,
+    with_auth,
+)
+from tests.support import StartGateway, assert_idle, gateway_config, rows_of, sim_backend
 
 
 async def test_an_unauthenticated_flood_writes_no_ledger_row_and_few_log_lines(
@@ -164,7 +131,8 @@ def rows(count: int, start_ts: float) -> list[LedgerRow]:
 
 
 def ledger_config(target: str, **extra: Any) -> LedgerConfig:
-    where = {"url": target} if target.startswith("postgresql://") else {"path": target}
+    postgres = target.startswith("postgresql://")
+    where: dict[str, Any] = {"url": target} if postgres else {"path": target}
     return LedgerConfig(**where, **extra)
 
 

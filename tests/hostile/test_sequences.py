@@ -13,9 +13,7 @@ import orjson
 import pytest
 
 from router.app import RunningGateway
-from tests.conftest import StartGateway, assert_idle, engine, gateway_config, sim_backend
-
-MESSAGES: Any = [{"role": "user", "content": "hi"}]
+from tests.support import MESSAGES, StartGateway, assert_idle, engine, gateway_config, sim_backend
 
 
 @pytest.fixture

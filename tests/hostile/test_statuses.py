@@ -16,16 +16,16 @@ import pytest
 
 from router import dispatch
 from router.openai_api import ParsedRequest, upstream_body
-from tests.conftest import (
+from tests.hostile.keys import access_lines, scrape, value
+from tests.support import (
     StartGateway,
     assert_idle,
     engine,
     gateway_config,
+    rows_of,
     sim_backend,
     wait_pools,
 )
-from tests.hostile.test_refusals import access_lines, scrape, value
-from tests.test_ledger_gateway import rows_of
 
 BREAK = "break-me"  # the `user` of the requests the broken leaf fails on
 
