@@ -25,7 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from policies.eta import HoldTimeModel, naive_wait, predict_wait
+from policies.eta import naive_wait, predict_wait
+from policies.holds import HoldTimeModel
 
 CAPACITY = 3
 QUEUE_LIMIT = 50

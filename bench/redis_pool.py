@@ -34,7 +34,7 @@ from load import Target, closed_loop, new_session  # noqa: E402
 from report import machine  # noqa: E402
 
 from policies.breaker import CircuitBreaker  # noqa: E402
-from policies.eta import HoldTimeModel  # noqa: E402
+from policies.holds import HoldTimeModel  # noqa: E402
 from policies.slots import LocalSlotPool  # noqa: E402
 from policies.slots.coordinator import RedisCoordinator  # noqa: E402
 from policies.slots.redis import RedisSlotPool  # noqa: E402

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from policies.breaker import CircuitBreaker
 from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
-from policies.eta import HoldTimeModel
+from policies.holds import HoldTimeModel
 from policies.slots import LocalSlotPool, SlotPool
 from router.config import from_env
 

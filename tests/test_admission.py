@@ -6,7 +6,8 @@ import pytest
 
 from policies.admission import Reject, RejectReason, RouteReason, Run, Wait, decide
 from policies.config import Overflow
-from policies.eta import HoldTimeModel, advised_retry_s
+from policies.eta import advised_retry_s
+from policies.holds import HoldTimeModel
 from policies.slots import PoolSnapshot
 
 

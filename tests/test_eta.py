@@ -10,14 +10,14 @@ import statistics
 
 import pytest
 
-from policies import eta
+from policies import eta, holds
 from policies.eta import (
-    HoldTimeModel,
     forecast_wait,
     naive_wait,
     predict_wait,
     predict_waits,
 )
+from policies.holds import HoldTimeModel
 from policies.slots import PoolSnapshot
 
 
@@ -110,7 +110,7 @@ def test_a_change_of_speed_is_learned_within_a_few_holds(before: float, after: f
         )):
             needed = i
             break
-    assert needed is not None and needed <= eta.SHIFT_RUN
+    assert needed is not None and needed <= holds.SHIFT_RUN
     assert predict_wait(model, [0.0], 1, 2) == pytest.approx(2 * after, rel=0.1)
 
 
@@ -164,7 +164,7 @@ def test_expected_remaining_of_equal_holds(age: float, expected: float) -> None:
 
 def test_an_overdue_lease_still_needs_some_time() -> None:
     model = fed([10.0] * 20)
-    assert model.expected_remaining(12.0) == pytest.approx(eta.FLOOR_FRACTION * 10.0)
+    assert model.expected_remaining(12.0) == pytest.approx(holds.FLOOR_FRACTION * 10.0)
     assert predict_wait(model, [12.0], 1, 1) == pytest.approx(0.5, rel=2e-3)
 
 

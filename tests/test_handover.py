@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.eta import HoldTimeModel
+from policies.holds import HoldTimeModel
 from policies.slots import LocalSlotPool
 from policies.slots.handover import MoveOffers
 

@@ -17,7 +17,7 @@ import pytest
 
 from policies.breaker import CircuitBreaker
 from policies.config import Priority
-from policies.eta import HoldTimeModel
+from policies.holds import HoldTimeModel
 from policies.slots import Lease, LocalSlotPool, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.coordinator import RedisCoordinator
 from policies.slots.redis import RedisSlotPool

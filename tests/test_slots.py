@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.config import Priority
-from policies.eta import HoldTimeModel
+from policies.holds import HoldTimeModel
 from policies.slots import LocalLease, LocalSlotPool, LocalTicket, QueueTimeout
 
 

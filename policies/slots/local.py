@@ -16,7 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from policies.config import Priority
-from policies.eta import HoldTimeModel, predict_waits
+from policies.eta import predict_waits
+from policies.holds import HoldTimeModel
 from policies.slots.base import (
     FORECAST_TTL_S,
     SHEDDABLE,

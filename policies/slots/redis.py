@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 from policies.breaker import BreakerState
 from policies.config import Priority
-from policies.eta import HoldTimeModel, predict_waits
+from policies.eta import predict_waits
+from policies.holds import HoldTimeModel
 from policies.slots.base import (
     FORECAST_TTL_S,
     CoordinationError,
