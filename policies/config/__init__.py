@@ -1,0 +1,118 @@
+"""The typed, frozen configuration models: `Config`, the whole document, and its sections
+in modules of their own (server, backends, routes, services, auth; base holds what they
+share). Everything is importable from here.
+
+Pure data and validation: no YAML, no files, no environment lookups here
+(`router.config` turns a file into these models). Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from policies.config.auth import ApiKeyConfig, AuthConfig, BudgetConfig, Public
+from policies.config.backends import (
+    BackendConfig,
+    NonNegativeMoney,
+    PriceConfig,
+    SimulatedSpec,
+    target_problem,
+)
+from policies.config.base import (
+    CROSS_REFERENCE,
+    Loc,
+    Overflow,
+    PositiveSeconds,
+    Priority,
+    StrictModel,
+)
+from policies.config.routes import (
+    COMPLEX_INTENTS,
+    SIMPLE_INTENTS,
+    ArmConfig,
+    ArmFallbackConfig,
+    ExperimentConfig,
+    FallbackWhen,
+    Intent,
+    RouteConfig,
+    RouteFallbackConfig,
+    check_experiments,
+    cross_check,
+)
+from policies.config.server import ServerConfig
+from policies.config.services import (
+    CoordinationConfig,
+    CoordinationMode,
+    LedgerConfig,
+    LoggingConfig,
+    RedisDown,
+)
+
+__all__ = [
+    "COMPLEX_INTENTS",
+    "CROSS_REFERENCE",
+    "SIMPLE_INTENTS",
+    "ApiKeyConfig",
+    "ArmConfig",
+    "ArmFallbackConfig",
+    "AuthConfig",
+    "BackendConfig",
+    "BudgetConfig",
+    "Config",
+    "CoordinationConfig",
+    "CoordinationMode",
+    "ExperimentConfig",
+    "FallbackWhen",
+    "Intent",
+    "LedgerConfig",
+    "Loc",
+    "LoggingConfig",
+    "NonNegativeMoney",
+    "Overflow",
+    "PositiveSeconds",
+    "PriceConfig",
+    "Priority",
+    "Public",
+    "RedisDown",
+    "RouteConfig",
+    "RouteFallbackConfig",
+    "ServerConfig",
+    "SimulatedSpec",
+    "StrictModel",
+    "check_experiments",
+    "cross_check",
+    "target_problem",
+]
+
+
+class Config(StrictModel):
+    server: ServerConfig = ServerConfig()
+    logging: LoggingConfig = LoggingConfig()
+    backends: dict[str, BackendConfig] = Field(min_length=1)
+    routes: dict[str, RouteConfig] = Field(min_length=1)
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")  # of every price
+    ledger: LedgerConfig = LedgerConfig()
+    experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
+    coordination: CoordinationConfig = CoordinationConfig()
+    auth: AuthConfig = AuthConfig()
+
+    @model_validator(mode="after")
+    def _routes_name_backends(self) -> Self:
+        # One pydantic error per problem, each at its own key path, so callers can point at it.
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError(CROSS_REFERENCE, "{message}", {"message": message}),
+                loc=loc,
+                input=None,
+            )
+            for loc, message in [
+                *cross_check(self.backends.keys(), self.routes),
+                *check_experiments(self.experiments, self.backends.keys(), self.routes),
+            ]
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self

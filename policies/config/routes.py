@@ -1,0 +1,154 @@
+"""The `routes` and `experiments` sections: public model names, their backends and
+fallbacks, A/B arms, and the checks between sections.
+
+Pure data and validation: no YAML, no files, no environment lookups.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Collection, Mapping
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from policies.config.base import Loc, Overflow, StrictModel
+
+# The intent classifier's labels; the simple ones may go to a small model.
+Intent = Literal[
+    "greeting", "chitchat", "rewrite", "translate", "summarize", "extract", "classify",
+    "simple_qa", "brainstorm", "explain", "creative_writing", "math", "code", "reasoning",
+]
+SIMPLE_INTENTS: tuple[Intent, ...] = (
+    "greeting", "chitchat", "rewrite", "translate", "summarize", "extract", "classify",
+    "simple_qa", "brainstorm",
+)
+COMPLEX_INTENTS: tuple[Intent, ...] = ("explain", "creative_writing", "math", "code", "reasoning")
+
+
+class FallbackWhen(enum.StrEnum):
+    """When a route's simple requests may go to its fallbacks."""
+
+    SATURATED = "saturated"  # only when they would otherwise wait for the primary
+    ALWAYS = "always"  # every simple request, whatever the load
+    NEVER = "never"  # only overflow (primary queue full) uses the fallbacks
+
+
+class RouteFallbackConfig(StrictModel):
+    when: FallbackWhen = FallbackWhen.SATURATED
+    intents: frozenset[Intent] = Field(default=frozenset(SIMPLE_INTENTS), min_length=1)
+    min_confidence: float = Field(default=0.8, ge=0.0, le=1.0)
+
+
+class RouteConfig(StrictModel):
+    primary: str
+    fallbacks: tuple[str, ...] = ()
+    overflow: Overflow = Overflow.FALLBACK
+    fallback: RouteFallbackConfig = RouteFallbackConfig(when=FallbackWhen.NEVER)
+
+
+def cross_check(
+    backends: Collection[str], routes: Mapping[str, RouteConfig]
+) -> list[tuple[Loc, str]]:
+    """Problems between sections, each with the key path it is about (empty if none)."""
+    known = ", ".join(backends) or "none"
+    problems: list[tuple[Loc, str]] = []
+    for name, route in routes.items():
+        if route.primary not in backends:
+            problems.append(
+                (("routes", name, "primary"), f"unknown backend {route.primary!r} (known: {known})")
+            )
+        if route.fallback.when is not FallbackWhen.NEVER and not route.fallbacks:
+            problems.append(
+                (("routes", name, "fallback", "when"),
+                 f"{route.fallback.when.value!r} needs at least one backend in 'fallbacks'")
+            )
+        seen: dict[str, int] = {}
+        for index, target in enumerate(route.fallbacks):
+            loc: Loc = ("routes", name, "fallbacks", index)
+            if target == route.primary:
+                problems.append((loc, f"{target!r} is this route's primary, not a fallback"))
+            elif target in seen:
+                problems.append((loc, f"{target!r} is already fallbacks[{seen[target]}]"))
+            elif target not in backends:
+                problems.append((loc, f"unknown backend {target!r} (known: {known})"))
+            seen.setdefault(target, index)
+    return problems
+
+
+class ArmFallbackConfig(StrictModel):
+    """An arm's changes to a route's `fallback` section; what it leaves out stays."""
+
+    when: FallbackWhen | None = None
+    intents: frozenset[Intent] | None = Field(default=None, min_length=1)
+    min_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class ArmConfig(StrictModel):
+    """One arm of an experiment: a weight and the route settings it overrides."""
+
+    weight: float = Field(default=1.0, gt=0, le=1_000_000)
+    fallbacks: tuple[str, ...] | None = None
+    overflow: Overflow | None = None
+    fallback: ArmFallbackConfig | None = None
+
+    def apply(self, route: RouteConfig) -> RouteConfig:
+        """The route as this arm runs it."""
+        update: dict[str, object] = {}
+        if self.fallbacks is not None:
+            update["fallbacks"] = self.fallbacks
+        if self.overflow is not None:
+            update["overflow"] = self.overflow
+        if self.fallback is not None:
+            changes = self.fallback.model_dump(exclude_none=True)
+            update["fallback"] = route.fallback.model_copy(update=changes)
+        return route.model_copy(update=update)
+
+
+class ExperimentConfig(StrictModel):
+    """Requests to `route` are split between arms, sticky per subject (user, key, header)."""
+
+    route: str
+    enabled: bool = True
+    arms: dict[str, ArmConfig] = Field(min_length=2, max_length=16)
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, arms: dict[str, ArmConfig]) -> dict[str, ArmConfig]:
+        for name in arms:
+            if not _NAME.match(name):
+                raise ValueError(f"arm name {name!r} must match {_NAME.pattern}")
+        return arms
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_experiments(
+    experiments: Mapping[str, ExperimentConfig], backends: Collection[str],
+    routes: Mapping[str, RouteConfig],
+) -> list[tuple[Loc, str]]:
+    """Each enabled experiment names a route, at most one per route, and every arm's
+    route passes the same checks as a configured one."""
+    problems: list[tuple[Loc, str]] = []
+    claimed: dict[str, str] = {}
+    for name, exp in experiments.items():
+        if not _NAME.match(name):
+            problems.append((("experiments", name), f"name must match {_NAME.pattern}"))
+        route = routes.get(exp.route)
+        if route is None:
+            problems.append((("experiments", name, "route"),
+                             f"unknown route {exp.route!r} (known: {', '.join(routes)})"))
+            continue
+        if not exp.enabled:
+            continue
+        if exp.route in claimed:
+            problems.append((("experiments", name, "route"),
+                             f"route {exp.route!r} is already split by {claimed[exp.route]!r}"))
+        claimed.setdefault(exp.route, name)
+        for arm_name, arm in exp.arms.items():
+            for loc, message in cross_check(backends, {exp.route: arm.apply(route)}):
+                where: Loc = ("experiments", name, "arms", arm_name, *loc[2:])
+                problems.append((where, message))
+    return problems
