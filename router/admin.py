@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from router.gateway import GATEWAY
-from router.ledger import RowFilter
+from router.ledger.base import RowFilter
 from router.openai_api import ApiError
 
 _MAX_TEXT = 256

@@ -22,8 +22,8 @@ from router.assembly import add_backend, health_check, wire_routes
 from router.auth import Keyring
 from router.gateway import GATEWAY, Gateway
 from router.http_errors import GatewayRunner, expect_continue, request_line_limit
-from router.ledger import Ledger
-from router.ledger_open import open_ledger
+from router.ledger.base import Ledger
+from router.ledger.open import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
 from router.pools import start_coordinator
 

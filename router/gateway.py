@@ -26,7 +26,7 @@ from router.access_log import LogSampler
 from router.auth import Keyring
 from router.body import InflightBodies
 from router.faults import BackendHealth
-from router.ledger import Ledger
+from router.ledger.base import Ledger
 from router.metrics import Metrics
 from router.openai_api import ApiError
 from router.proxy import Upstream

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from policies.slots import SlotPool
-    from router.ledger import Ledger
+    from router.ledger.base import Ledger
     from router.record import RequestRecord
 
 # LLM latencies: from a quick first token to a two-minute answer.

@@ -42,7 +42,7 @@ from numpy.typing import NDArray
 
 from policies.admission import RejectReason
 from policies.failures import FailureKind, code
-from router.ledger import LedgerRow
+from router.ledger.base import LedgerRow
 
 NONE_GROUP = "(none)"
 QUANTILE_METHOD: Final = "linear"

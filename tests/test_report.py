@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pytest
 
-from router.ledger import LedgerRow
+from router.ledger.base import LedgerRow
 from router.report import _p95, bootstrap, build_report, compare, parse_when
 from router.report_render import render_csv, render_html, render_json, render_text
 from tests.support import T0, hand_ledger, row

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from router.ledger import LedgerRow
+from router.ledger.base import LedgerRow
 from tests.support import T0, hand_ledger
 
 approx = pytest.approx
@@ -88,7 +88,7 @@ def test_cli_needs_a_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
-    from router.ledger_open import open_store
+    from router.ledger.open import open_store
 
     store = open_store(str(path))
     await store.open()

@@ -16,8 +16,8 @@ import pytest
 from policies.config import LedgerConfig
 from router.access_log import LogSampler
 from router.config import ConfigError, config_from_dict
-from router.ledger import LedgerRow, RowFilter
-from router.ledger_open import open_ledger, open_store
+from router.ledger.base import LedgerRow, RowFilter
+from router.ledger.open import open_ledger, open_store
 from tests.hostile.keys import (
     BODY,
     KEY,
