@@ -60,7 +60,7 @@ def admin(request: web.Request) -> None:
 
 
 async def _report(request: web.Request) -> web.Response:
-    from router.report import build_report, parse_when  # numpy: only when asked
+    from router.report.build import build_report, parse_when  # numpy: only when asked
 
     gw = request.app[GATEWAY]
     if gw.ledger is None:

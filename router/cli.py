@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return loadtest_main(argv[1:])
     if argv[:1] == ["report"]:
-        from router.report_cli import report_main
+        from router.report.cli import report_main
 
         return report_main(argv[1:])
     if argv[:1] == ["classifier"]:

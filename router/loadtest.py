@@ -415,7 +415,7 @@ def _report(args: argparse.Namespace, ledger: str | None) -> int:
     if ledger is None and args.config is None:
         print("no report: give --ledger (or --config) of the running gateway", file=sys.stderr)
         return 0
-    from router.report_cli import report_main
+    from router.report.cli import report_main
 
     flags = {"--config": args.config, "--ledger": ledger, "--html": args.html}
     argv = [part for flag, value in flags.items() if value for part in (flag, value)]

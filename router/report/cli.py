@@ -17,8 +17,8 @@ from typing import Any
 
 from router.config import ConfigError, from_env, load_config
 from router.ledger.base import LedgerRow, RowFilter
-from router.report import NONE_GROUP, build_report, parse_when
-from router.report_render import render_csv, render_html, render_json, render_text
+from router.report.build import NONE_GROUP, build_report, parse_when
+from router.report.render import render_csv, render_html, render_json, render_text
 
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
