@@ -9,9 +9,9 @@ import sys
 from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
-from router import logs
 from router.config import ConfigError, check_main, load_config
 from router.run import Closable, run_until_signal
+from router.telemetry import logs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,11 +27,11 @@ from router.auth import Keyring
 from router.body import InflightBodies
 from router.faults import BackendHealth
 from router.ledger.base import Ledger
-from router.metrics import Metrics
 from router.openai_api import ApiError
 from router.proxy import Upstream
 from router.queue_report import QueueReporter
 from router.rejections import rejection
+from router.telemetry.metrics import Metrics
 from router.usage import ledger_row
 
 if TYPE_CHECKING:

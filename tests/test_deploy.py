@@ -32,7 +32,7 @@ GRAFANA = DEPLOY / "grafana"
 # The /metrics contract: histograms by their base name, without _bucket/_sum/_count.
 def _exported_names() -> frozenset[str]:
     """Every metric family the gateway really exports, read off its own registry."""
-    from router.metrics import Metrics
+    from router.telemetry.metrics import Metrics
 
     names: set[str] = set()
     for family in Metrics().registry.collect():
