@@ -17,9 +17,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, CoordinationMode, Public
 from policies.quotas import Quotas, period_bounds
-from router import admin, dispatch, pages
+from router import dispatch
 from router.assembly import add_backend, health_check, wire_routes
 from router.auth import Keyring
+from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.http_errors import GatewayRunner, expect_continue, request_line_limit
 from router.ledger.base import Ledger
@@ -139,7 +140,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _openapi(request: web.Request) -> web.Response:
-    from router.openapi import openapi
+    from router.console.openapi import openapi
 
     gw = request.app[GATEWAY]
     if (refused := gw.guard(request, Public.OPENAPI)) is not None:

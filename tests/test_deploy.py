@@ -158,7 +158,7 @@ def test_dockerfile_copies_exist_and_are_not_ignored() -> None:
         assert src.rstrip("/") not in ignored, f"{src} is in .dockerignore"
     # Package data the image needs: the classifier model and the web pages.
     assert list((ROOT / "classifier" / "model").glob("*.npy"))
-    assert (ROOT / "router" / "web" / "dashboard.html").is_file()
+    assert (ROOT / "router" / "console" / "web" / "dashboard.html").is_file()
 
 
 # ---------------------------------------------------------------- configs
