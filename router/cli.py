@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
 from router.config import ConfigError, check_main, load_config
-from router.run import Closable, run_until_signal
 from router.telemetry import logs
+from router.tools.run import Closable, run_until_signal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         return simulate_main(argv[1:])
     if argv[:1] == ["demo"]:
-        from router.demo import demo_main
+        from router.tools.demo import demo_main
 
         return demo_main(argv[1:])
     if argv[:1] == ["loadtest"]:
-        from router.loadtest import loadtest_main
+        from router.tools.loadtest import loadtest_main
 
         return loadtest_main(argv[1:])
     if argv[:1] == ["report"]:
@@ -92,7 +92,7 @@ def _serve(path: str | None, host: str | None, port: int | None, level: str,
         print(exc, file=sys.stderr)
         return 1
     if workers > 1:
-        from router.workers import serve_workers
+        from router.tools.workers import serve_workers
 
         return serve_workers(config, host, port, level, workers, path)
 

@@ -29,7 +29,7 @@ import yaml
 
 from policies.config import BackendConfig, Config, SimulatedSpec
 from router.config import DEFAULT_CONFIG_PATH, ConfigError, config_from_dict, load_config
-from router.run import loop_factory
+from router.tools.run import loop_factory
 
 EXPERIMENT = "fallback-ab"
 INTERRUPTED_DRAIN_S = 5.0  # after Ctrl-C, in-flight requests get this long to finish
