@@ -22,11 +22,11 @@ from router.assembly import add_backend, health_check, wire_routes
 from router.auth import Keyring
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
-from router.http_errors import GatewayRunner, expect_continue, request_line_limit
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
 from router.pools import start_coordinator
+from router.server.runner import GatewayRunner, expect_continue, request_line_limit
 
 log = logging.getLogger("slotgate")
 
