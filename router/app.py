@@ -25,8 +25,8 @@ from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
-from router.pools import start_coordinator
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
+from router.upstream.pools import start_coordinator
 
 log = logging.getLogger("slotgate")
 

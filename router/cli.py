@@ -157,7 +157,7 @@ def simulate_main(argv: list[str] | None = None) -> int:
         return 2
 
     async def start() -> Closable:
-        from router.simulated import start_simulator
+        from router.upstream.simulated import start_simulator
 
         sim = await start_simulator(spec, args.model, args.host, args.port)
         print(f"slotgate simulate: {args.model} with {spec.max_num_seqs} seqs on {sim.url}",

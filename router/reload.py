@@ -19,7 +19,7 @@ from router.assembly import add_backend, wire_routes
 from router.auth import Keyring
 from router.config import ConfigError, load_config
 from router.gateway import Gateway
-from router.proxy import Upstream
+from router.upstream.proxy import Upstream
 
 log = logging.getLogger("slotgate")
 

@@ -22,7 +22,6 @@ from aiohttp import web
 
 from policies.config import SimulatedSpec
 from router.config import config_from_dict, load_config
-from router.simulated import SimEngine, create_sim_app
 from router.tools.loadtest import (
     LoadPlan,
     Outcome,
@@ -35,6 +34,7 @@ from router.tools.loadtest import (
     mean_output_tokens,
     run_load,
 )
+from router.upstream.simulated import SimEngine, create_sim_app
 from tests.support import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
 
 PROMPTS = load_prompts()
