@@ -19,12 +19,12 @@ from policies.config import Config, CoordinationMode, Public
 from policies.quotas import Quotas, period_bounds
 from router import dispatch
 from router.assembly import add_backend, health_check, wire_routes
-from router.auth import Keyring
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
+from router.request.auth import Keyring
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
 from router.upstream.pools import start_coordinator
 

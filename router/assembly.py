@@ -14,7 +14,7 @@ from policies.pricing import SlotTimeModel
 from policies.slots.handover import MoveOffers
 from router.gateway import Gateway
 from router.openai_api import ApiError
-from router.queue_report import QueueReporter
+from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool, UpstreamError
 from router.upstream.pools import make_pool
 from router.upstream.proxy import Upstream

@@ -22,17 +22,17 @@ from policies.pricing import SlotTimeModel
 from policies.quotas import Quotas
 from policies.slots import SlotPool
 from policies.slots.handover import MoveOffers
-from router.access_log import LogSampler
-from router.auth import Keyring
-from router.body import InflightBodies
 from router.ledger.base import Ledger
 from router.openai_api import ApiError
-from router.queue_report import QueueReporter
-from router.rejections import rejection
+from router.request.access_log import LogSampler
+from router.request.auth import Keyring
+from router.request.body import InflightBodies
+from router.request.queue_report import QueueReporter
+from router.request.rejections import rejection
+from router.request.usage import ledger_row
 from router.telemetry.metrics import Metrics
 from router.upstream.health import BackendHealth
 from router.upstream.proxy import Upstream
-from router.usage import ledger_row
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator

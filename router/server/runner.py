@@ -21,9 +21,9 @@ from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
 from policies.config import ServerConfig
-from router.auth import AUTH_FAILURES
 from router.gateway import GATEWAY
 from router.openai_api import ApiError, check_content_encoding, check_content_type, too_large
+from router.request.auth import AUTH_FAILURES
 from router.server.connections import ConnectionGuard, fd_budget
 
 

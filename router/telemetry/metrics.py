@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.failures import FailureKind, metric_kind
-from router.auth import AUTH_FAILURES
+from router.request.auth import AUTH_FAILURES
 from router.telemetry.tallies import Spread, Tally
 
 if TYPE_CHECKING:
