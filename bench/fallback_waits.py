@@ -16,7 +16,7 @@ from typing import Any
 from policies.config import FallbackWhen
 from router.app import start_gateway
 from router.config import DEFAULT_CONFIG_PATH, parse_config
-from router.demo import DemoResult, plan_demo, run_demo
+from router.tools.demo import DemoResult, plan_demo, run_demo
 
 
 def config_with(when: str) -> Any:

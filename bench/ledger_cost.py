@@ -29,10 +29,10 @@ from report import machine  # noqa: E402
 
 from router.config import config_from_dict  # noqa: E402
 from router.gateway import Gateway  # noqa: E402
-from router.ledger import Ledger, LedgerRow  # noqa: E402
-from router.ledger_open import open_store  # noqa: E402
+from router.ledger.base import Ledger, LedgerRow  # noqa: E402
+from router.ledger.open import open_store  # noqa: E402
 from router.record import RequestRecord  # noqa: E402
-from router.usage import ledger_row  # noqa: E402
+from router.request.usage import ledger_row  # noqa: E402
 
 PER_ROUND = 20_000
 

@@ -2,7 +2,7 @@
 
 For bodies from a one-line chat request up to the largest `max_body_bytes` allows (8 MiB by
 default), made of text or of tiny JSON values: the time orjson takes to parse each (the
-baseline), the time of `router.json_bounds.check_bounds` (which runs first, so a body it
+baseline), the time of `router.request.json_bounds.check_bounds` (which runs first, so a body it
 refuses is never parsed) and of the gateway's whole parse (`parse_request`: the checks,
 then orjson with the cyclic GC paused for a large body), as ratios to that baseline in
 the same run, and the memory the parsed form holds as a multiple of the body's size.
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import orjson
 
 from policies.config import ServerConfig
-from router.json_bounds import check_bounds
 from router.openai_api import ApiError, Endpoint, parse_request
+from router.request.json_bounds import check_bounds
 
 MiB = 1 << 20
 

@@ -5,7 +5,7 @@
 Every POST /v1/chat/completions goes to the upstream on one keep-alive ClientSession;
 a non-streaming answer is read whole and returned, a stream is relayed chunk by chunk.
 No parsing, auth, pools, metrics or logs. slotgate shares its server (aiohttp) but not
-its client (router/upstream_http.py instead of ClientSession): the gap between the two
+its client (router/upstream/client.py instead of ClientSession): the gap between the two
 in the same run is slotgate's own work, less what its leaner client saves. GET /health
 answers for the suite's start probe.
 """

@@ -132,7 +132,7 @@ def markdown(result: Result, fig: Result, chart: bool) -> str:
         "| aiohttp | `bench/passthrough.py`: a bare aiohttp + uvloop pass-through (aiohttp's "
         "server and one keep-alive `ClientSession`; no parsing, auth, pools, metrics or "
         "logs): a gateway built on aiohttp alone. slotgate uses aiohttp's server but its "
-        "own upstream client (`router/upstream_http.py`, about a quarter of "
+        "own upstream client (`router/upstream/client.py`, about a quarter of "
         "`ClientSession`'s CPU per request), so the gap to it is slotgate's own work less "
         "what that client saves |",
         "| litellm | `litellm --num_workers 1`, the mock as an `openai/` model with "

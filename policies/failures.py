@@ -2,9 +2,9 @@
 is (`blame`), whether the request may go to another backend (`retryable`), and the strings
 the ledger and the metrics have always used for it (`code`, `metric_kind`).
 
-The kinds are made by the upstream leg (router.proxy) and travel as they are to the breaker,
-the retry rule, the metrics and the ledger; only the response edge turns them into an
-OpenAI-shaped error. Pure: no I/O, no clock.
+The kinds are made by the upstream leg (router.upstream.proxy) and travel as they are to
+the breaker, the retry rule, the metrics and the ledger; only the response edge turns them
+into an OpenAI-shaped error. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations

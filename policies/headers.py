@@ -1,6 +1,6 @@
 """Which client request headers may reach an engine: the built-in allow-list, the names
 no configuration can add, and the validation of `server.forward_headers` and
-`server.trusted_proxies`. Pure data: no I/O, no aiohttp (router/forwarding.py applies it).
+`server.trusted_proxies`. Pure data: no I/O, no aiohttp (router/upstream/forwarding.py applies it).
 """
 
 from __future__ import annotations

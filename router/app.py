@@ -17,15 +17,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, CoordinationMode, Public
 from policies.quotas import Quotas, period_bounds
-from router import admin, dispatch, pages
+from router import dispatch
 from router.assembly import add_backend, health_check, wire_routes
-from router.auth import Keyring
+from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
-from router.http_errors import GatewayRunner, expect_continue, request_line_limit
-from router.ledger import Ledger
-from router.ledger_open import open_ledger
+from router.ledger.base import Ledger
+from router.ledger.open import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
-from router.pools import start_coordinator
+from router.request.auth import Keyring
+from router.server.runner import GatewayRunner, expect_continue, request_line_limit
+from router.upstream.pools import start_coordinator
 
 log = logging.getLogger("slotgate")
 
@@ -139,7 +140,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _openapi(request: web.Request) -> web.Response:
-    from router.openapi import openapi
+    from router.console.openapi import openapi
 
     gw = request.app[GATEWAY]
     if (refused := gw.guard(request, Public.OPENAPI)) is not None:

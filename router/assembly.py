@@ -14,11 +14,11 @@ from policies.pricing import SlotTimeModel
 from policies.slots.handover import MoveOffers
 from router.gateway import Gateway
 from router.openai_api import ApiError
-from router.pools import make_pool
-from router.proxy import Upstream
-from router.queue_report import QueueReporter
-from router.simulated import start_simulator
-from router.upstream_http import HttpPool, UpstreamError
+from router.request.queue_report import QueueReporter
+from router.upstream.client import HttpPool, UpstreamError
+from router.upstream.pools import make_pool
+from router.upstream.proxy import Upstream
+from router.upstream.simulated import start_simulator
 
 _MODELS_LIMIT = 1024 * 1024  # a health check reads at most this much of /v1/models
 

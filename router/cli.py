@@ -9,9 +9,9 @@ import sys
 from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
-from router import logs
 from router.config import ConfigError, check_main, load_config
-from router.run import Closable, run_until_signal
+from router.telemetry import logs
+from router.tools.run import Closable, run_until_signal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,15 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         return simulate_main(argv[1:])
     if argv[:1] == ["demo"]:
-        from router.demo import demo_main
+        from router.tools.demo import demo_main
 
         return demo_main(argv[1:])
     if argv[:1] == ["loadtest"]:
-        from router.loadtest import loadtest_main
+        from router.tools.loadtest import loadtest_main
 
         return loadtest_main(argv[1:])
     if argv[:1] == ["report"]:
-        from router.report_cli import report_main
+        from router.report.cli import report_main
 
         return report_main(argv[1:])
     if argv[:1] == ["classifier"]:
@@ -92,7 +92,7 @@ def _serve(path: str | None, host: str | None, port: int | None, level: str,
         print(exc, file=sys.stderr)
         return 1
     if workers > 1:
-        from router.workers import serve_workers
+        from router.tools.workers import serve_workers
 
         return serve_workers(config, host, port, level, workers, path)
 
@@ -157,7 +157,7 @@ def simulate_main(argv: list[str] | None = None) -> int:
         return 2
 
     async def start() -> Closable:
-        from router.simulated import start_simulator
+        from router.upstream.simulated import start_simulator
 
         sim = await start_simulator(spec, args.model, args.host, args.port)
         print(f"slotgate simulate: {args.model} with {spec.max_num_seqs} seqs on {sim.url}",

@@ -36,11 +36,6 @@ from policies.slots import (
     Ticket,
 )
 from policies.slots.handover import MoveOffers
-from router.access_log import log_refused
-from router.body import BodyHold
-from router.failures import UpstreamFailure
-from router.faults import BackendOpened, parse_retry_after, retryable
-from router.forwarding import Forwarding
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import (
     ApiError,
@@ -52,12 +47,17 @@ from router.openai_api import (
     read_body,
     upstream_body,
 )
-from router.proxy import ClientGone, Relay, drain_if_abandoned, forward
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
-from router.rejections import rejection
+from router.request.access_log import log_refused
+from router.request.body import BodyHold
+from router.request.rejections import rejection
+from router.request.usage import CLIENT_CLOSED, count_tokens
+from router.request.waits import Interrupt, abandon
 from router.sse import SSE_HEADERS, Usage, start_frame
-from router.usage import CLIENT_CLOSED, count_tokens
-from router.waits import Interrupt, abandon
+from router.upstream.failures import UpstreamFailure
+from router.upstream.forwarding import Forwarding
+from router.upstream.health import BackendOpened, parse_retry_after, retryable
+from router.upstream.proxy import ClientGone, Relay, drain_if_abandoned, forward
 
 log = logging.getLogger("slotgate.access")
 errors = logging.getLogger("slotgate.error")

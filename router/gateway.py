@@ -22,22 +22,22 @@ from policies.pricing import SlotTimeModel
 from policies.quotas import Quotas
 from policies.slots import SlotPool
 from policies.slots.handover import MoveOffers
-from router.access_log import LogSampler
-from router.auth import Keyring
-from router.body import InflightBodies
-from router.faults import BackendHealth
-from router.ledger import Ledger
-from router.metrics import Metrics
+from router.ledger.base import Ledger
 from router.openai_api import ApiError
-from router.proxy import Upstream
-from router.queue_report import QueueReporter
-from router.rejections import rejection
-from router.usage import ledger_row
+from router.request.access_log import LogSampler
+from router.request.auth import Keyring
+from router.request.body import InflightBodies
+from router.request.queue_report import QueueReporter
+from router.request.rejections import rejection
+from router.request.usage import ledger_row
+from router.telemetry.metrics import Metrics
+from router.upstream.health import BackendHealth
+from router.upstream.proxy import Upstream
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
     from router.record import RequestRecord
-    from router.simulated import RunningSim
+    from router.upstream.simulated import RunningSim
 
 RECENT_RECORDS = 1000
 

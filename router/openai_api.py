@@ -27,8 +27,8 @@ import orjson
 from aiohttp import web
 
 from policies.config import ServerConfig
-from router.body import BodyHold
-from router.json_bounds import check_bounds
+from router.request.body import BodyHold
+from router.request.json_bounds import check_bounds
 
 
 class Endpoint(enum.StrEnum):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from policies.config import Config
 from router.assembly import add_backend, wire_routes
-from router.auth import Keyring
 from router.config import ConfigError, load_config
 from router.gateway import Gateway
-from router.proxy import Upstream
+from router.request.auth import Keyring
+from router.upstream.proxy import Upstream
 
 log = logging.getLogger("slotgate")
 

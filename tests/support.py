@@ -21,9 +21,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.app import RunningGateway
-from router.ledger import LedgerRow, RowFilter
-from router.ledger_open import open_store
-from router.simulated import SimEngine
+from router.ledger.base import LedgerRow, RowFilter
+from router.ledger.open import open_store
+from router.upstream.simulated import SimEngine
 
 REQUIRE_ALL = os.environ.get("SLOTGATE_REQUIRE_ALL") == "1"
 

@@ -14,7 +14,7 @@ from yarl import URL
 
 from router.app import start_gateway
 from router.config import config_from_dict
-from router.pages import PAGES, pool_rows
+from router.console.pages import PAGES, pool_rows
 from tests.support import StartGateway, assert_idle, engine, gateway_config, sim_backend
 
 CHAT = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -232,7 +232,7 @@ async def test_shutdown_ends_dashboard_streams() -> None:
 async def test_idle_feed_sends_heartbeat_comments(
     start: StartGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("router.pages.HEARTBEAT_S", 0.05)
+    monkeypatch.setattr("router.console.pages.HEARTBEAT_S", 0.05)
     gw = await start(gateway_config(sim_backend("big-70b", slots=1)))
     async with aiohttp.ClientSession() as http:
         async with http.get(gw.url + "/dashboard/events") as events:

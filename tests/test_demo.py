@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from router.demo import State, demo_main, plan_demo, run_demo, summary_lines
+from router.tools.demo import State, demo_main, plan_demo, run_demo, summary_lines
 from tests.support import StartGateway, assert_idle, gateway_config, sim_backend
 
 SLOW = {"ttft_s": 0.2, "tokens_per_s": 200, "output_tokens": 20}

@@ -32,7 +32,7 @@ GRAFANA = DEPLOY / "grafana"
 # The /metrics contract: histograms by their base name, without _bucket/_sum/_count.
 def _exported_names() -> frozenset[str]:
     """Every metric family the gateway really exports, read off its own registry."""
-    from router.metrics import Metrics
+    from router.telemetry.metrics import Metrics
 
     names: set[str] = set()
     for family in Metrics().registry.collect():
@@ -158,7 +158,7 @@ def test_dockerfile_copies_exist_and_are_not_ignored() -> None:
         assert src.rstrip("/") not in ignored, f"{src} is in .dockerignore"
     # Package data the image needs: the classifier model and the web pages.
     assert list((ROOT / "classifier" / "model").glob("*.npy"))
-    assert (ROOT / "router" / "web" / "dashboard.html").is_file()
+    assert (ROOT / "router" / "console" / "web" / "dashboard.html").is_file()
 
 
 # ---------------------------------------------------------------- configs

@@ -10,8 +10,8 @@ import openai
 import pytest
 from aiohttp import web
 
-from router.faults import BackendHealth
-from router.simulated import FaultMode
+from router.upstream.health import BackendHealth
+from router.upstream.simulated import FaultMode
 from tests.support import (
     MESSAGES,
     SdkClients,

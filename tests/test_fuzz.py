@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, settings
 
 from router.config import config_from_dict
-from router.openapi import openapi
+from router.console.openapi import openapi
 from tests.support import SLOTGATE
 
 CONFIG: dict[str, Any] = {

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from router.ledger import COLUMNS, Ledger, LedgerRow, RowFilter
-from router.ledger_open import open_store
-from router.ledger_schema import MIGRATIONS, SCHEMA_VERSION
-from router.ledger_store import SQLiteStore
+from router.ledger.base import COLUMNS, Ledger, LedgerRow, RowFilter
+from router.ledger.open import open_store
+from router.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from router.ledger.sqlite import SQLiteStore
 
 
 def row(i: int, **fields: object) -> LedgerRow:

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from router.config import ConfigError
-from router.ledger import LedgerRow
-from router.ledger_open import open_store
+from router.ledger.base import LedgerRow
+from router.ledger.open import open_store
 from tests.support import (
     MESSAGES,
     SdkClients,

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from policies.config import SimulatedSpec
 from router.config import config_from_dict, load_config
-from router.loadtest import (
+from router.tools.loadtest import (
     LoadPlan,
     Outcome,
     Stats,
@@ -34,7 +34,7 @@ from router.loadtest import (
     mean_output_tokens,
     run_load,
 )
-from router.simulated import SimEngine, create_sim_app
+from router.upstream.simulated import SimEngine, create_sim_app
 from tests.support import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
 
 PROMPTS = load_prompts()

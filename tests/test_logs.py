@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.logs import ACCESS, BatchedLines
+from router.telemetry.logs import ACCESS, BatchedLines
 
 
 class Written(io.StringIO):

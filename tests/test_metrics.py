@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.app import RunningGateway
-from router.tallies import Spread
+from router.telemetry.tallies import Spread
 from tests.support import (
     SdkClients,
     StartGateway,
@@ -107,7 +107,7 @@ async def test_content_logging_is_opt_in(
 
 
 def test_tallied_histogram_buckets_are_inclusive_and_cumulative() -> None:
-    """The plain-Python histogram (router/tallies.py) exposes what prometheus_client's
+    """The plain-Python histogram (router/telemetry/tallies.py) exposes what prometheus_client's
     would: `le` bounds inclusive, cumulative counts, +Inf equal to the count."""
     registry = CollectorRegistry()
     spread = Spread("t_seconds", "test", ["backend"], (0.01, 0.1))

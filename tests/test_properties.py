@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from policies.headers import DEFAULT_FORWARDED, never_forwarded
-from router.forwarding import forward_headers
 from router.sse import EventRelay, Usage
+from router.upstream.forwarding import forward_headers
 
 NAMES = st.sampled_from([
     "Authorization", "authorization", "X-Api-Key", "Cookie", "Connection", "Keep-Alive",

@@ -1,4 +1,4 @@
-"""router.report: every figure of the cost report against numbers worked out by hand.
+"""router.report.build: every figure of the cost report against numbers worked out by hand.
 
 The ledger below is small on purpose: fourteen requests over two arms, two backends and one
 row without an arm, each number chosen so the expected values can be checked on paper.
@@ -16,9 +16,9 @@ import numpy as np
 import orjson
 import pytest
 
-from router.ledger import LedgerRow
-from router.report import _p95, bootstrap, build_report, compare, parse_when
-from router.report_render import render_csv, render_html, render_json, render_text
+from router.ledger.base import LedgerRow
+from router.report.build import _p95, bootstrap, build_report, compare, parse_when
+from router.report.render import render_csv, render_html, render_json, render_text
 from tests.support import T0, hand_ledger, row
 
 approx = pytest.approx

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from router.report import build_report
-from router.report_render import render_html
+from router.report.build import build_report
+from router.report.render import render_html
 from tests.support import hand_ledger
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from router.ledger import LedgerRow
+from router.ledger.base import LedgerRow
 from tests.support import T0, hand_ledger
 
 approx = pytest.approx
@@ -26,7 +26,7 @@ def ledger_file(tmp_path: Path) -> str:
 
 def test_cli_formats(ledger_file: str, tmp_path: Path,
                      capsys: pytest.CaptureFixture[str]) -> None:
-    from router.report_cli import report_main
+    from router.report.cli import report_main
 
     assert report_main(["--ledger", ledger_file]) == 0
     assert "0.054286" in capsys.readouterr().out
@@ -41,7 +41,7 @@ def test_cli_formats(ledger_file: str, tmp_path: Path,
 
 
 def test_cli_passes_the_filter(ledger_file: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from router.report_cli import report_main
+    from router.report.cli import report_main
 
     argv = ["--ledger", ledger_file, "--json", "--since", "2023-11-14T22:13:30",
             "--until", "2023-11-14T22:14:00", "--experiment", "exp1"]
@@ -56,7 +56,7 @@ def test_cli_passes_the_filter(ledger_file: str, capsys: pytest.CaptureFixture[s
 
 def test_cli_exit_codes(ledger_file: str, tmp_path: Path,
                         capsys: pytest.CaptureFixture[str]) -> None:
-    from router.report_cli import report_main
+    from router.report.cli import report_main
 
     missing = str(tmp_path / "nowhere.db")
     assert report_main(["--ledger", missing]) == 1
@@ -78,7 +78,7 @@ def test_cli_exit_codes(ledger_file: str, tmp_path: Path,
 
 
 def test_cli_needs_a_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from router.report_cli import report_main
+    from router.report.cli import report_main
 
     config = tmp_path / "slotgate.yaml"
     config.write_text("backends:\n  big: {simulated: {}, model: m, slots: 1}\n"
@@ -88,7 +88,7 @@ def test_cli_needs_a_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
-    from router.ledger_open import open_store
+    from router.ledger.open import open_store
 
     store = open_store(str(path))
     await store.open()
@@ -101,7 +101,7 @@ async def write_ledger(path: Path, rows: list[LedgerRow]) -> None:
 def test_cli_reads_a_sqlite_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import asyncio
 
-    from router.report_cli import report_main
+    from router.report.cli import report_main
 
     path = tmp_path / "ledger.db"
     asyncio.run(write_ledger(path, hand_ledger()))

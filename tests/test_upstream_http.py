@@ -16,7 +16,7 @@ import pytest
 import trustme
 from aiohttp import web
 
-from router.upstream_http import (
+from router.upstream.client import (
     PAUSE_AT,
     BadResponse,
     ConnectFailed,
@@ -24,7 +24,7 @@ from router.upstream_http import (
     ResponseDropped,
     ResponseTimeout,
 )
-from router.upstream_wire import Target
+from router.upstream.wire import Target
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"

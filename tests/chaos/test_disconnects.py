@@ -25,7 +25,7 @@ from aiohttp import web
 
 from router import dispatch
 from router.openai_api import Endpoint
-from router.usage import CLIENT_CLOSED
+from router.request.usage import CLIENT_CLOSED
 from tests.support import (
     SdkClients,
     StartGateway,

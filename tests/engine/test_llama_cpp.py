@@ -22,8 +22,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.app import RunningGateway
-from router.ledger import LedgerRow, RowFilter
-from router.ledger_open import open_store
+from router.ledger.base import LedgerRow, RowFilter
+from router.ledger.open import open_store
 from router.record import Phase, RequestRecord
 from tests.engine.conftest import FIGURES, MODEL_ID, Engines, LlamaServer
 from tests.support import SdkClients, StartGateway, assert_idle, poll_until, wait_pools

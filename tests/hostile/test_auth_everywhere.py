@@ -15,7 +15,7 @@ import pytest
 from policies.config import Public
 from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
-from router.pages import PAGES
+from router.console.pages import PAGES
 from tests.hostile.keys import ADMIN_KEY, KEY, bearer, scrape, value, with_auth
 from tests.support import StartGateway, assert_idle, sim_backend
 

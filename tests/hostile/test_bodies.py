@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.app import RunningGateway
-from router.json_bounds import check_bounds
+from router.request.json_bounds import check_bounds
 from tests.support import (
     MESSAGES,
     SdkClients,

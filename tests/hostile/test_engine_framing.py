@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
-from router.upstream_http import HttpPool
-from router.upstream_wire import Target
+from router.upstream.client import HttpPool
+from router.upstream.wire import Target
 from tests.support import MESSAGES, SdkClients, StartGateway, assert_idle
 
 BODY = orjson.dumps({"id": "c1", "object": "chat.completion", "model": "m", "choices": [

@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 
 from policies.config import LedgerConfig
-from router.access_log import LogSampler
 from router.config import ConfigError, config_from_dict
-from router.ledger import LedgerRow, RowFilter
-from router.ledger_open import open_ledger, open_store
+from router.ledger.base import LedgerRow, RowFilter
+from router.ledger.open import open_ledger, open_store
+from router.request.access_log import LogSampler
 from tests.hostile.keys import (
     BODY,
     KEY,

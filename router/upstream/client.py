@@ -21,7 +21,7 @@ from typing import cast
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from multidict import CIMultiDict
 
-from router.upstream_wire import BODYLESS, Origin, Target, encode, until_close
+from router.upstream.wire import BODYLESS, Origin, Target, encode, until_close
 
 MAX_HEAD_BYTES = 64 * 1024  # status line + header fields (interim 1xx answers included)
 MAX_HEADER_FIELDS = 128

@@ -13,14 +13,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.failures import FailureKind, metric_kind
-from router.auth import AUTH_FAILURES
-from router.tallies import Spread, Tally
+from router.request.auth import AUTH_FAILURES
+from router.telemetry.tallies import Spread, Tally
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from policies.slots import SlotPool
-    from router.ledger import Ledger
+    from router.ledger.base import Ledger
     from router.record import RequestRecord
 
 # LLM latencies: from a quick first token to a two-minute answer.
@@ -37,7 +37,7 @@ class Metrics:
         r.register(_PoolCollector(self._pools))
         self.queue_wait = Histogram("llm_queue_wait_time_seconds", "Time spent in a queue",
                                     ["backend"], buckets=BUCKETS, registry=r)
-        # What every request updates is tallied in plain Python (router/tallies.py).
+        # What every request updates is tallied in plain Python (router/telemetry/tallies.py).
         self.holding = Spread("llm_slot_holding_time_seconds", "Time a slot was held",
                               ["backend"], BUCKETS)
         self.rejections = Counter("llm_rejection", "Requests refused by the gateway",

@@ -1,7 +1,7 @@
 """The cost report of `slotgate report`: what a routing policy cost, saved and made people wait.
 
 `build_report` turns ledger rows into one plain, JSON-able dict (str, int, float, None,
-list, dict); `router.report_render` prints it as text, CSV, JSON or an HTML page.
+list, dict); `router.report.render` prints it as text, CSV, JSON or an HTML page.
 
 Groups: the whole ledger ("total"), each experiment arm (rows without an arm form the arm
 "(none)"), and each backend within an arm (rows that never got a backend: "(none)").
@@ -42,7 +42,7 @@ from numpy.typing import NDArray
 
 from policies.admission import RejectReason
 from policies.failures import FailureKind, code
-from router.ledger import LedgerRow
+from router.ledger.base import LedgerRow
 
 NONE_GROUP = "(none)"
 QUANTILE_METHOD: Final = "linear"

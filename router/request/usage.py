@@ -15,7 +15,7 @@ from classifier.text import request_text
 from policies.config import Config
 from policies.fallback import estimate_tokens
 from policies.pricing import SlotTimeModel, request_cost
-from router.ledger import LedgerRow
+from router.ledger.base import LedgerRow
 
 if TYPE_CHECKING:
     from router.openai_api import ParsedRequest

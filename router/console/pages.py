@@ -1,6 +1,6 @@
 """The browser side: the queue page, the dashboard and the dashboard's live SSE feed.
 
-Static files come only from router/web (a list taken at startup: no path traversal).
+Static files come only from router/console/web (a list taken at startup: no path traversal).
 They carry no data (no route, backend or model name), so they load without a key: a
 person enters one in the page. The data they show comes from endpoints that need the key
 when auth is on (`/v1/models`; the feed unless `auth.public` names `pages`).

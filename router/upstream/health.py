@@ -27,8 +27,8 @@ from collections.abc import Awaitable, Callable
 from policies import failures
 from policies.breaker import Blame, BreakerState, CircuitBreaker, confirmed_failures
 from policies.config import BackendConfig, Overflow, RouteConfig
-from router.failures import UpstreamFailure
 from router.openai_api import ApiError
+from router.upstream.failures import UpstreamFailure
 
 RETRY_SHARE, RETRY_MIN = 0.2, 3
 MAX_THROTTLE_S = 300.0  # an upstream Retry-After is honoured up to this

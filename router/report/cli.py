@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from router.config import ConfigError, from_env, load_config
-from router.ledger import LedgerRow, RowFilter
-from router.report import NONE_GROUP, build_report, parse_when
-from router.report_render import render_csv, render_html, render_json, render_text
+from router.ledger.base import LedgerRow, RowFilter
+from router.report.build import NONE_GROUP, build_report, parse_when
+from router.report.render import render_csv, render_html, render_json, render_text
 
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
@@ -106,7 +106,7 @@ def _ledger_and_currency(config_path: str | None, ledger: str | None) -> tuple[s
 
 async def fetch_rows(target: str, where: RowFilter) -> list[LedgerRow]:
     """The rows of the ledger at `target` that `where` selects."""
-    from router.ledger_open import open_store
+    from router.ledger.open import open_store
 
     store = open_store(target)
     try:

@@ -29,7 +29,7 @@ import yaml
 
 from policies.config import BackendConfig, Config, SimulatedSpec
 from router.config import DEFAULT_CONFIG_PATH, ConfigError, config_from_dict, load_config
-from router.run import loop_factory
+from router.tools.run import loop_factory
 
 EXPERIMENT = "fallback-ab"
 INTERRUPTED_DRAIN_S = 5.0  # after Ctrl-C, in-flight requests get this long to finish
@@ -415,7 +415,7 @@ def _report(args: argparse.Namespace, ledger: str | None) -> int:
     if ledger is None and args.config is None:
         print("no report: give --ledger (or --config) of the running gateway", file=sys.stderr)
         return 0
-    from router.report_cli import report_main
+    from router.report.cli import report_main
 
     flags = {"--config": args.config, "--ledger": ledger, "--html": args.html}
     argv = [part for flag, value in flags.items() if value for part in (flag, value)]

@@ -23,8 +23,8 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from policies.config import Config, CoordinationMode, RedisDown
-from router import logs
-from router.run import Closable, run_until_signal
+from router.telemetry import logs
+from router.tools.run import Closable, run_until_signal
 
 log = logging.getLogger("slotgate.workers")
 

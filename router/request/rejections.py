@@ -4,8 +4,8 @@ always with a `Retry-After`, and counted in `slotgate_rejections_total`."""
 from __future__ import annotations
 
 from policies.admission import RejectReason
-from router.metrics import Metrics
 from router.openai_api import ApiError
+from router.telemetry.metrics import Metrics
 
 _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {
     RejectReason.QUEUE_FULL: (

@@ -2,7 +2,7 @@
 
 It keeps one connection on one worker thread, so every statement runs off the event
 loop and in order. WAL mode lets `slotgate report` read while the gateway writes. The
-schema (`router.ledger_schema`) is created and migrated here, in numbered steps recorded
+schema (`router.ledger.schema`) is created and migrated here, in numbered steps recorded
 in `schema_migrations`.
 """
 
@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from router.ledger import COLUMNS, LedgerRow, RowFilter, row_values
-from router.ledger_schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
+from router.ledger.base import COLUMNS, LedgerRow, RowFilter, row_values
+from router.ledger.schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
 
 T = TypeVar("T")
 

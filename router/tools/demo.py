@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TextIO
 import aiohttp
 import orjson
 
-from router.run import loop_factory
+from router.tools.run import loop_factory
 
 if TYPE_CHECKING:
     from router.app import RunningGateway

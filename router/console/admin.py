@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from router.gateway import GATEWAY
-from router.ledger import RowFilter
+from router.ledger.base import RowFilter
 from router.openai_api import ApiError
 
 _MAX_TEXT = 256
@@ -60,7 +60,7 @@ def admin(request: web.Request) -> None:
 
 
 async def _report(request: web.Request) -> web.Response:
-    from router.report import build_report, parse_when  # numpy: only when asked
+    from router.report.build import build_report, parse_when  # numpy: only when asked
 
     gw = request.app[GATEWAY]
     if gw.ledger is None:

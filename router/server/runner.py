@@ -4,7 +4,7 @@ was wrong (431 for headers, 414 for the request line) instead of aiohttp's plain
 
 aiohttp builds these answers in `RequestHandler.handle_error`, below the application:
 `GatewayRunner` makes its server create connections with `_Handler`, which overrides it.
-`_Handler` also applies the connection limits of `router.connections` (caps, head deadline
+`_Handler` also applies the connection limits of `router.server.connections` (caps, head deadline
 and size) and refuses HTTP/0.9 request lines.
 """
 
@@ -21,10 +21,10 @@ from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
 from policies.config import ServerConfig
-from router.auth import AUTH_FAILURES
-from router.connections import ConnectionGuard, fd_budget
 from router.gateway import GATEWAY
 from router.openai_api import ApiError, check_content_encoding, check_content_type, too_large
+from router.request.auth import AUTH_FAILURES
+from router.server.connections import ConnectionGuard, fd_budget
 
 
 def request_line_limit(header_limit: int) -> int:

@@ -1,4 +1,4 @@
-"""The cost report (`router.report.build_report`) as text, CSV, JSON or one HTML page.
+"""The cost report (`router.report.build.build_report`) as text, CSV, JSON or one HTML page.
 
 The HTML page is self-contained: inline CSS, charts drawn here as inline SVG, no script and
 no URL of any kind (its Content-Security-Policy forbids loading anything), so it opens
@@ -21,7 +21,7 @@ import orjson
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    key: str  # a key of `router.report.group_stats`
+    key: str  # a key of `router.report.build.group_stats`
     label: str
     kind: str  # count | share (a fraction) | pct (already in %) | money | unit_money | ms
 

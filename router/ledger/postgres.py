@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from router.ledger import COLUMNS, LedgerRow, RowFilter, row_values
-from router.ledger_schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
+from router.ledger.base import COLUMNS, LedgerRow, RowFilter, row_values
+from router.ledger.schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
 
 _LOCK_KEY = 0x5106_6A7E  # the advisory lock that serialises migrations
 _CONNECT_TIMEOUT_S = 5.0

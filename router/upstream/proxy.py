@@ -26,11 +26,9 @@ from policies.config import BackendConfig
 from policies.failures import FailureKind
 from policies.fallback import estimate_tokens
 from policies.headers import HOP_BY_HOP
-from router.failures import UpstreamFailure
-from router.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
-from router.upstream_http import (
+from router.upstream.client import (
     BadResponse,
     ConnectFailed,
     HttpPool,
@@ -38,7 +36,9 @@ from router.upstream_http import (
     ResponseDropped,
     ResponseTimeout,
 )
-from router.upstream_wire import Target
+from router.upstream.failures import UpstreamFailure
+from router.upstream.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
+from router.upstream.wire import Target
 
 _NOT_RETURNED = HOP_BY_HOP | {
     "content-length", "content-encoding", "content-type", "date", "server", "set-cookie",

@@ -1,6 +1,6 @@
 """An upstream exchange that failed (`UpstreamFailure`), typed by its `FailureKind`.
 
-The upstream leg (router.proxy) raises it; the breaker, the retry rule, the metrics and the
+The upstream leg (router.upstream.proxy) raises it; the breaker, the retry rule, the metrics and the
 ledger read its kind; only the response edge (router.dispatch) turns it into the
 OpenAI-shaped `ApiError` the client sees (`api_error`).
 """
@@ -21,7 +21,7 @@ class UpstreamFailure(Exception):
     An engine's own error answer keeps its HTTP status (`engine_status`), the status, type
     and code it is relayed with, and its Retry-After; `healthy` is the backend's health
     check made after it when the status alone cannot tell whose fault it was
-    (router.faults)."""
+    (router.upstream.health)."""
 
     kind: FailureKind
     backend: str

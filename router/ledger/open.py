@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from policies.config import LedgerConfig
 from router.config import from_env
-from router.ledger import Ledger, Store
-from router.ledger_store import SQLiteStore
+from router.ledger.base import Ledger, Store
+from router.ledger.sqlite import SQLiteStore
 
 
 def open_ledger(config: LedgerConfig) -> Ledger:
@@ -22,7 +22,7 @@ def open_ledger(config: LedgerConfig) -> Ledger:
 def open_store(target: str) -> Store:
     """A store for a SQLite path or a postgresql:// URL (not yet opened)."""
     if target.startswith(("postgresql://", "postgres://")):
-        from router.ledger_postgres import PostgresStore
+        from router.ledger.postgres import PostgresStore
 
         return PostgresStore(target)
     return SQLiteStore(target)

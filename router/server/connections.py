@@ -1,6 +1,6 @@
 """Connection-level limits, kept on the connection and never per request: caps on open
 connections (in all and per client address), a deadline and a size bound on each request
-head. `ConnectionGuard` is one per server; `router.http_errors._Handler` calls it.
+head. `ConnectionGuard` is one per server; `router.server.runner._Handler` calls it.
 
 One coarse ticker serves every head deadline (no timer per connection or per request):
 the heads awaited are kept in a dict in the order they began, which is the order of their

@@ -1,6 +1,6 @@
 """The ledger's portable SQL: the table, its numbered migrations and the shared queries.
 
-Both stores (`router.ledger_store` for SQLite, `router.ledger_postgres`) read these; it
+Both stores (`router.ledger.sqlite` for SQLite, `router.ledger.postgres`) read these; it
 imports neither. Placeholders are spelled by the caller (`?` or `$1`).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from router.ledger import COLUMNS, RowFilter
+from router.ledger.base import COLUMNS, RowFilter
 
 # Portable column types: SQLite reads these as affinities, PostgreSQL as they are.
 _TYPES = {

@@ -1,0 +1,1 @@
+"""The browser side: pages, admin API, OpenAPI document, and the static files in web/."""

@@ -1,0 +1,1 @@
+"""The usage ledger: its writer, the portable SQL, the SQLite and PostgreSQL stores, the factory."""

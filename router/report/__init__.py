@@ -1,0 +1,1 @@
+"""The cost report: its figures, its rendering and its command line."""

@@ -1,0 +1,1 @@
+"""One request's belongings: auth, body, bounds, waits, positions, refusals, ledger row, log."""

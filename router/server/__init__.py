@@ -1,0 +1,1 @@
+"""The HTTP server under the gateway: connection limits, GatewayRunner and its handler."""

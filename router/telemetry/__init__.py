@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, their plain-Python tallies, and the logs setup."""

@@ -1,0 +1,1 @@
+"""Commands beside serving: the loop runner, the worker supervisor, the demo, the load test."""

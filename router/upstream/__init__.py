@@ -1,0 +1,1 @@
+"""Talking to the engines: proxy, HTTP client and wire, health, failures, pools, simulator."""
