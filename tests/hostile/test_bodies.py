@@ -380,7 +380,29 @@ async def test_body_bytes_in_flight_are_bounded_across_the_process(
     await assert_idle(gw)
 
 
-async def test_a_chunked_body_is_counted_as_it_arrives(start: StartGateway) -> None:
+async def refused_in_flight(gw: RunningGateway, http: aiohttp.ClientSession, how: str,
+                            padded: bytes) -> tuple[int, dict[str, str], Any]:
+    """Send `padded` chunked (its size unknown until it arrives) or gzip-compressed (its
+    declared length that of the compressed bytes): status, headers (lower-case), body."""
+    if how == "gzip":
+        packed = gzip.compress(padded)
+        assert len(packed) < 200  # declared: far under the room left
+        status, body, headers = await post(http, gw, packed, **{"Content-Encoding": "gzip"})
+        return status, {k.lower(): v for k, v in headers.items()}, body
+    reader, writer = await connect(
+        gw, head(None), b"%x\r\n%s\r\n0\r\n\r\n" % (len(padded), padded))
+    try:
+        return await response(reader)
+    finally:
+        await close(writer)
+
+
+@pytest.mark.parametrize("how", ["chunked", "gzip"])
+async def test_a_body_of_unknown_size_is_counted_as_it_arrives(
+    start: StartGateway, how: str
+) -> None:
+    """A chunked body counts chunk by chunk; a compressed one by what it inflates to, so a
+    small gzip body cannot slip a large one past the bound."""
     gw = await start(gateway_config(sim_backend("m", slots=1), server={
         "max_body_bytes": 4096, "max_inflight_body_bytes": 4096}))
     sim = engine(gw)
@@ -389,37 +411,9 @@ async def test_a_chunked_body_is_counted_as_it_arrives(start: StartGateway) -> N
         running = asyncio.create_task(post(http, gw, chat(pad="x" * 3000)))
         try:
             await sim.wait_until(lambda e: e.held == 1)
-            padded = chat(pad="x" * 2000)
-            reader, writer = await connect(
-                gw, head(None), b"%x\r\n%s\r\n0\r\n\r\n" % (len(padded), padded))
-            try:
-                status, headers, body = await response(reader)
-            finally:
-                await close(writer)
+            status, headers, body = await refused_in_flight(gw, http, how,
+                                                            chat(pad="x" * 2000))
             assert status == 503 and headers["retry-after"]
-            assert_openai_error(body, "server_error", "inflight_body_bytes")
-        finally:
-            sim.release()
-        assert (await running)[0] == 200
-    assert gw.gateway.bodies.held == 0
-    await assert_idle(gw)
-
-
-async def test_a_compressed_body_is_counted_by_its_inflated_size(start: StartGateway) -> None:
-    """Its declared length is that of the gzip bytes: the in-flight bound counts what they
-    inflate to, so a small compressed body cannot slip a large one past it."""
-    gw = await start(gateway_config(sim_backend("m", slots=1), server={
-        "max_body_bytes": 4096, "max_inflight_body_bytes": 4096}))
-    sim = engine(gw)
-    sim.hold()
-    async with aiohttp.ClientSession() as http:
-        running = asyncio.create_task(post(http, gw, chat(pad="x" * 3000)))
-        try:
-            await sim.wait_until(lambda e: e.held == 1)
-            packed = gzip.compress(chat(pad="x" * 2000))
-            assert len(packed) < 200  # declared: far under the room left
-            status, body, headers = await post(http, gw, packed, **{"Content-Encoding": "gzip"})
-            assert status == 503 and headers["Retry-After"]
             assert_openai_error(body, "server_error", "inflight_body_bytes")
         finally:
             sim.release()
