@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from tests.support import serve_app
+from tests.support import MESSAGES, serve_app
 
 ANSWER: dict[str, Any] = {
     "id": "c1", "object": "chat.completion", "model": "m", "choices": [
@@ -56,3 +56,13 @@ async def answered(reader: asyncio.StreamReader, within_s: float = 30.0) -> byte
             return await reader.read()
         except ConnectionError:  # a reset, or our own write that met one
             return b"<reset>"
+
+
+def chat(**extra: Any) -> bytes:
+    return orjson.dumps({"model": "chat", "messages": MESSAGES, **extra})
+
+
+def nested(depth: int) -> bytes:
+    """A chat request whose body nests `depth` levels (the top object is level 1)."""
+    inner = b"[" * (depth - 1) + b"]" * (depth - 1)
+    return chat()[:-1] + b',"deep":' + inner + b"}"
