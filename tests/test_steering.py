@@ -80,9 +80,12 @@ async def test_simple_requests_go_to_the_small_model_hard_ones_wait(
     await assert_idle(gw)
 
 
-async def test_queued_simple_request_moves_when_a_fallback_slot_frees(
+async def queued_behind_a_full_fallback(
     sdk: SdkClients, start: StartGateway,
-) -> None:
+) -> tuple[RunningGateway, list[asyncio.Task[Any]], asyncio.Task[Any], asyncio.Task[Any],
+           asyncio.Task[Any]]:
+    """The primary full, the fallback's only slot held by a greeting (`first`), and a
+    translation (`second`, handled by `handler`) queued for the primary, classified simple."""
     raw = steering_config()
     raw["backends"]["small"]["slots"] = 1
     raw["backends"]["small"]["simulated"]["max_num_seqs"] = 1
@@ -92,8 +95,18 @@ async def test_queued_simple_request_moves_when_a_fallback_slot_frees(
     small.hold()
     first = asyncio.create_task(ask(sdk, gw, "greeting"))  # takes the only fallback slot
     await small.wait_until(lambda e: "greeting" in e.records)
+    before = set(gw.gateway.handlers)
     second = asyncio.create_task(ask(sdk, gw, "translate"))  # must queue for the primary
     await wait_pools(gw, lambda s: s["big"] == (3, 1))
+    (handler,) = set(gw.gateway.handlers) - before
+    return gw, busy, first, second, handler
+
+
+async def test_queued_simple_request_moves_when_a_fallback_slot_frees(
+    sdk: SdkClients, start: StartGateway,
+) -> None:
+    gw, busy, first, second, _ = await queued_behind_a_full_fallback(sdk, start)
+    small = engine(gw, "small")
     small.release()  # the fallback slot frees: the queued translation takes it
     moved = await second
     assert moved.headers["x-slotgate-backend"] == "small"
@@ -136,19 +149,8 @@ async def test_a_client_that_leaves_during_a_move_never_reaches_the_fallback(
 ) -> None:
     """The client leaves at the instant its request leaves the primary's queue for a freed
     fallback slot: the request ends there (the fallback's slot goes back, unused)."""
-    raw = steering_config()
-    raw["backends"]["small"]["slots"] = 1
-    raw["backends"]["small"]["simulated"]["max_num_seqs"] = 1
-    gw = await start(raw)
-    busy = await hold_primary(sdk, gw)
+    gw, busy, first, second, handler = await queued_behind_a_full_fallback(sdk, start)
     small = engine(gw, "small")
-    small.hold()
-    first = asyncio.create_task(ask(sdk, gw, "greeting"))  # takes the only fallback slot
-    await small.wait_until(lambda e: "greeting" in e.records)
-    before = set(gw.gateway.handlers)
-    second = asyncio.create_task(ask(sdk, gw, "translate"))  # must queue for the primary
-    await wait_pools(gw, lambda s: s["big"] == (3, 1))
-    (handler,) = set(gw.gateway.handlers) - before
 
     def leave(pool: Any) -> None:  # the translation leaves the primary's queue: the move
         if pool.queued == 0 and not handler.done():
