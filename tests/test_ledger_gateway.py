@@ -13,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 
+from router.app import RunningGateway
 from router.config import ConfigError
 from router.ledger.base import LedgerRow
 from router.ledger.open import open_store
@@ -67,22 +68,33 @@ async def test_successful_requests_are_priced(
 async def test_rejections_and_queue_timeouts_cost_nothing(
     sdk: SdkClients, start: StartGateway, ledger_target: str
 ) -> None:
-    raw = config(ledger_target, queue_limit=1, queue_timeout_s=0.2)
-    raw["routes"]["chat"]["overflow"] = "reject"
-    gw = await start(raw)
-    sim = engine(gw)
-    sim.hold()
-    holder = asyncio.create_task(sdk(gw).chat.completions.create(model="chat",
-                                                                 messages=MESSAGES))
-    await wait_pools(gw, lambda s: s["big"] == (1, 0))
-    waiter = asyncio.create_task(sdk(gw).chat.completions.create(model="chat",
-                                                                 messages=MESSAGES))
-    await wait_pools(gw, lambda s: s["big"] == (1, 1))
+    async def held_with_one_waiter(queue_timeout_s: float
+                                   ) -> tuple[RunningGateway, asyncio.Task[Any], asyncio.Task[Any]]:
+        raw = config(ledger_target, queue_limit=1, queue_timeout_s=queue_timeout_s)
+        raw["routes"]["chat"]["overflow"] = "reject"
+        gw = await start(raw)
+        engine(gw).hold()
+        holder = asyncio.create_task(sdk(gw).chat.completions.create(model="chat",
+                                                                     messages=MESSAGES))
+        await wait_pools(gw, lambda s: s["big"] == (1, 0))
+        waiter = asyncio.create_task(sdk(gw).chat.completions.create(model="chat",
+                                                                     messages=MESSAGES))
+        await wait_pools(gw, lambda s: s["big"] == (1, 1))
+        return gw, holder, waiter
+
+    # The queue full (its waiter in no hurry): 429.
+    gw, holder, waiter = await held_with_one_waiter(queue_timeout_s=60)
     with pytest.raises(openai.RateLimitError):
         await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES)
+    engine(gw).release()
+    await asyncio.gather(holder, waiter)
+    await assert_idle(gw)
+    await gw.close()  # every row written; the next gateway adds to the same ledger
+    # A wait run out: 503.
+    gw, holder, waiter = await held_with_one_waiter(queue_timeout_s=0.2)
     with pytest.raises(openai.InternalServerError):
         await waiter
-    sim.release()
+    engine(gw).release()
     await holder
     await assert_idle(gw)
     rows = {r.status: r for r in await rows_of(gw, ledger_target)}
