@@ -44,7 +44,7 @@ def config() -> object:
 
 async def one(http: aiohttp.ClientSession, gw: RunningGateway, max_tokens: int,
               out: list[Sample]) -> None:
-    pool = gw.gateway.pools[ROUTE]
+    pool = gw.gateway.backends[ROUTE].pool
     body = {"model": ROUTE, "stream": True, "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": "Explain how a slot pool works."}]}
     headers = {"X-Slotgate-Queue-Events": "true"}

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ledger_cost.py [--rounds N] [--postgres URL]
 
-1. Per request, on the loop: `Gateway.record` (metrics, recent list) with the ledger off
+1. Per request, on the loop: `settle` (metrics, recent list) with the ledger off
    against the same with the ledger on (building the row, pricing it, appending it),
    interleaved A B A B over rounds. The writes themselves happen in batches elsewhere.
 2. Store throughput: rows/s written in batches of 500 to SQLite (a file in a temp
@@ -27,11 +27,13 @@ sys.path.insert(0, str(ROOT))
 
 from report import machine  # noqa: E402
 
+from router.backend import open_backend  # noqa: E402
 from router.config import config_from_dict  # noqa: E402
 from router.gateway import Gateway  # noqa: E402
 from router.ledger.base import Ledger, LedgerRow  # noqa: E402
 from router.ledger.open import open_store  # noqa: E402
 from router.record import RequestRecord  # noqa: E402
+from router.request.accounting import settle  # noqa: E402
 from router.request.usage import ledger_row  # noqa: E402
 
 PER_ROUND = 20_000
@@ -68,7 +70,7 @@ def records(n: int) -> list[RequestRecord]:
 def time_record(gw: Gateway, recs: list[RequestRecord]) -> float:
     began = time.perf_counter()
     for rec in recs:
-        gw.record(rec)
+        settle(gw, rec, False)
     return (time.perf_counter() - began) / len(recs) * 1e6
 
 
@@ -76,15 +78,17 @@ async def per_request(rounds: int, folder: str) -> dict[str, Any]:
     plain = Gateway(config_from_dict(config(None)))
     on = Gateway(config_from_dict(config(str(Path(folder) / "unused.sqlite3"))))
     for gw in (plain, on):
-        from policies.pricing import SlotTimeModel
-
-        gw.slot_time = {name: SlotTimeModel(10.0) for name in gw.config.backends}
+        for name, backend in gw.config.backends.items():
+            gw.backends[name] = await open_backend(name, backend, gw.config.coordination, None)
     off_us, on_us = [], []
     for _ in range(rounds):
         off_us.append(time_record(plain, records(PER_ROUND)))
         # rows beyond one batch are dropped: memory stays as flat as under a live writer
         on.ledger = Ledger(open_store(":memory:"), max_pending=500)
         on_us.append(time_record(on, records(PER_ROUND)))
+    for gw in (plain, on):
+        for opened in gw.backends.values():
+            await opened.close()
     off, with_ledger = statistics.median(off_us), statistics.median(on_us)
     return {"record_ledger_off_us": off, "record_ledger_on_us": with_ledger,
             "added_us": with_ledger - off, "ratio": with_ledger / off}
@@ -105,7 +109,7 @@ async def store_rate(target: str, rows: list[LedgerRow]) -> float:
 async def stores(folder: str, postgres: str | None) -> dict[str, Any]:
     gw = Gateway(config_from_dict(config(None)))
     began = time.perf_counter()
-    rows = [ledger_row(rec, gw.config, {}) for rec in records(50_000)]
+    rows = [ledger_row(rec, gw.config, None) for rec in records(50_000)]
     build = len(rows) / (time.perf_counter() - began)
     out: dict[str, Any] = {"build_rows_per_s": build,
                            "sqlite_rows_per_s": await store_rate(

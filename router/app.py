@@ -91,10 +91,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         await gw.health.close()
         if gw.ledger is not None:
             await gw.ledger.close()  # after the server stopped taking requests: every row
-        for upstream in gw.upstreams.values():
-            await upstream.http.close()
-        for sim in gw.simulators.values():
-            await sim.close()
+        for opened in gw.backends.values():
+            await opened.close()
         if gw.coordinator is not None:
             await gw.coordinator.close()
 

@@ -1,5 +1,5 @@
-"""Putting a gateway together from its config: each backend's engine session, pool and
-simulator, then what the routes need (experiments, move offers, the classifier).
+"""Putting a gateway together from its config: each backend (`router.backend`), then what
+the routes need (experiments, move offers, the classifier).
 
 Used at startup and again by a config reload, which adds only what is new.
 """
@@ -10,40 +10,26 @@ import asyncio
 
 from policies.config import BackendConfig, FallbackWhen
 from policies.experiments import build_experiments
-from policies.pricing import SlotTimeModel
 from policies.slots.handover import MoveOffers
+from router.backend import open_backend
 from router.gateway import Gateway
 from router.openai_api import ApiError
-from router.request.queue_report import QueueReporter
-from router.upstream.client import HttpPool, UpstreamError
-from router.upstream.pools import make_pool
-from router.upstream.proxy import Upstream
-from router.upstream.simulated import start_simulator
+from router.upstream.client import UpstreamError
 
 _MODELS_LIMIT = 1024 * 1024  # a health check reads at most this much of /v1/models
 
 
-async def add_backend(gw: Gateway, name: str, backend: BackendConfig) -> None:
-    """The engine (or simulator) connections, the slot pool and the holding-time model."""
-    if backend.simulated is not None:
-        sim = await start_simulator(backend.simulated, backend.model)
-        gw.simulators[name] = sim
-        base_url = sim.url + "/v1"
-    else:
-        base_url = str(backend.url).rstrip("/")
-    # sized to the slots: every request in flight may leave a connection to keep
-    gw.upstreams[name] = Upstream(name, backend, base_url,
-                                  HttpPool(max_idle_per_origin=backend.slots))
-    gw.pools[name] = make_pool(name, backend, gw.config.coordination, gw.coordinator)
-    gw.reporters[name] = QueueReporter(gw.pools[name])
-    gw.metrics.watch(gw.pools[name])
-    gw.slot_time[name] = SlotTimeModel(backend.initial_hold_s)
-    gw.health.add(name, backend)
+async def add_backend(gw: Gateway, name: str, config: BackendConfig) -> None:
+    """The backend, watched by the metrics, with its breaker."""
+    backend = gw.backends[name] = await open_backend(name, config, gw.config.coordination,
+                                                     gw.coordinator)
+    gw.metrics.watch(backend.pool)
+    gw.health.add(name, config)
 
 
 async def health_check(gw: Gateway, name: str) -> bool:
     """Does the backend answer GET /v1/models with 200 within its connect timeout?"""
-    upstream = gw.upstreams[name]
+    upstream = gw.backends[name].upstream
     limit = upstream.config.connect_timeout_s
     try:
         async with asyncio.timeout(limit):
@@ -68,8 +54,9 @@ def wire_routes(gw: Gateway) -> None:
     steering = [r for r in routes if r.fallback.when is not FallbackWhen.NEVER]
     for route in steering:
         for name in route.fallbacks:
-            if name not in gw.offers:
-                gw.offers[name] = MoveOffers(gw.pools[name])
+            backend = gw.backends[name]
+            if backend.offers is None:
+                backend.offers = MoveOffers(backend.pool)
     if steering and gw.classifier is None:
         from classifier.model import load_default  # scikit-learn: only when needed
 

@@ -17,27 +17,20 @@ from classifier.model import IntentClassifier
 from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
 from policies.experiments import Experiment
-from policies.failures import FailureKind
-from policies.pricing import SlotTimeModel
 from policies.quotas import Quotas
-from policies.slots import SlotPool
-from policies.slots.handover import MoveOffers
+from router.backend import Backend
 from router.ledger.base import Ledger
 from router.openai_api import ApiError
 from router.request.access_log import LogSampler
 from router.request.auth import Keyring
 from router.request.body import InflightBodies
-from router.request.queue_report import QueueReporter
 from router.request.rejections import rejection
-from router.request.usage import ledger_row
 from router.telemetry.metrics import Metrics
 from router.upstream.health import BackendHealth
-from router.upstream.proxy import Upstream
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
     from router.record import RequestRecord
-    from router.upstream.simulated import RunningSim
 
 RECENT_RECORDS = 1000
 
@@ -45,17 +38,12 @@ RECENT_RECORDS = 1000
 @dataclass
 class Gateway:
     config: Config
-    pools: dict[str, SlotPool] = field(default_factory=dict)
-    upstreams: dict[str, Upstream] = field(default_factory=dict)
-    simulators: dict[str, RunningSim] = field(default_factory=dict)
-    offers: dict[str, MoveOffers] = field(default_factory=dict)  # per fallback pool
-    reporters: dict[str, QueueReporter] = field(default_factory=dict)  # per pool
+    backends: dict[str, Backend] = field(default_factory=dict)  # a removed one stays, idle
     classifier: IntentClassifier | None = None  # loaded when a route steers by intent
     recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=RECENT_RECORDS))
     experiments: dict[str, Experiment] = field(default_factory=dict)  # by the route they split
     ledger: Ledger | None = None
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
-    slot_time: dict[str, SlotTimeModel] = field(default_factory=dict)  # per backend
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off
     quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key caps and budgets
@@ -132,28 +120,6 @@ class Gateway:
         """The answer when the process holds its bound of request bodies."""
         retry_s = self.config.server.retry_after_min_s
         return rejection(self.metrics, RejectReason.BODY_BYTES, retry_s, None)
-
-    def record(self, rec: RequestRecord, failed: FailureKind | None = None) -> None:
-        """Account for a finished request (`failed`: how its upstream exchange failed)."""
-        self.metrics.record(rec, rec.primary, failed)
-        if self.keyring.enabled and rec.key_id is None:
-            # Refused before its caller was known: counted, and nothing else kept (no
-            # ledger row; a flood of them must not push real requests out of `recent`).
-            return
-        self.recent.append(rec)
-        if rec.backend is not None and rec.status == 200 and not rec.tokens_estimated:
-            model = self.slot_time.get(rec.backend)
-            if model is not None:
-                model.observe(rec.completion_tokens or 0, rec.slot_ms / 1000)
-        if self.ledger is None and not rec.quota_held:
-            return
-        row = ledger_row(rec, self.config, self.slot_time)
-        if rec.quota_held and rec.key_id is not None:
-            self.quotas.finish(rec.key_id, row.prompt_tokens + row.completion_tokens, row.cost)
-        if self.ledger is not None:
-            self.ledger.add(row)
-            if row.cost and row.backend is not None:
-                self.metrics.add_cost(row.backend, self.config.currency, row.cost)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

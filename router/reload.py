@@ -19,7 +19,6 @@ from router.assembly import add_backend, wire_routes
 from router.config import ConfigError, load_config
 from router.gateway import Gateway
 from router.request.auth import Keyring
-from router.upstream.proxy import Upstream
 
 log = logging.getLogger("slotgate")
 
@@ -68,18 +67,13 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
     gw.quotas.configure(new.auth.keys)  # running counts and this period's spend are kept
     changes = []
     for name, backend in new.backends.items():
-        if name not in gw.upstreams:
+        if name not in gw.backends:
             await add_backend(gw, name, backend)
             changes.append(f"backend {name} added")
             continue
         if backend == old.backends.get(name):
             continue
-        upstream = gw.upstreams[name]
-        base_url = (gw.simulators[name].url + "/v1" if name in gw.simulators
-                    else str(backend.url).rstrip("/"))
-        gw.upstreams[name] = Upstream(name, backend, base_url, upstream.http)
-        upstream.http.max_idle_per_origin = backend.slots
-        gw.pools[name].resize(backend.slots, backend.queue_limit)
+        gw.backends[name].change(backend)
         gw.health.add(name, backend)  # new breaker settings; its count starts again
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"

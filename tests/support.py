@@ -20,6 +20,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from policies.slots import SlotPool
 from router.app import RunningGateway
 from router.ledger.base import LedgerRow, RowFilter
 from router.ledger.open import open_store
@@ -73,13 +74,20 @@ StartGateway = Callable[[dict[str, Any]], Awaitable[RunningGateway]]
 
 
 def engine(gw: RunningGateway, backend: str = "big") -> SimEngine:
-    return gw.gateway.simulators[backend].engine
+    sim = gw.gateway.backends[backend].simulator
+    assert sim is not None, f"backend {backend} is not simulated"
+    return sim.engine
+
+
+def pools_of(gw: RunningGateway) -> dict[str, SlotPool]:
+    """Each backend's slot pool, by name."""
+    return {name: backend.pool for name, backend in gw.gateway.backends.items()}
 
 
 async def wait_pools(gw: RunningGateway, predicate: Callable[[dict[str, tuple[int, int]]], bool],
                      within_s: float = 10.0) -> None:
     """Wait, without polling, until predicate({pool: (active, queued)}) holds."""
-    pools = gw.gateway.pools
+    pools = pools_of(gw)
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
@@ -103,7 +111,7 @@ async def assert_idle(gw: RunningGateway) -> None:
     try:
         await wait_pools(gw, lambda s: all(v == (0, 0) for v in s.values()), within_s=5.0)
     except TimeoutError:
-        state = {n: (p.active, p.queued) for n, p in gw.gateway.pools.items()}
+        state = {n: (p.active, p.queued) for n, p in pools_of(gw).items()}
         pytest.fail(f"pools not idle: {state}")
 
 
@@ -356,7 +364,7 @@ async def send_in_order(client: openai.AsyncOpenAI, gw: RunningGateway,
     tasks: list[asyncio.Task[str]] = []
     rejected: list[Any] = []
     for i in range(n):
-        before = sum(p.active + p.queued for p in gw.gateway.pools.values())
+        before = sum(p.active + p.queued for p in pools_of(gw).values())
         task = asyncio.create_task(drain_stream(client, f"req-{i}"))
         tasks.append(task)
 

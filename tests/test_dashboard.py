@@ -91,7 +91,7 @@ async def test_static_files_only_from_the_web_folder(start: StartGateway, path: 
 async def test_events_follow_the_pool_and_unsubscribe_on_disconnect(start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("big-70b", slots=3, queue_limit=5)))
     pages = gw.app[PAGES]
-    pool = gw.gateway.pools["big"]
+    pool = gw.gateway.backends["big"].pool
     watchers_before = len(pool._watchers)  # type: ignore[attr-defined]
     sim = engine(gw)
     sim.hold()
@@ -132,7 +132,7 @@ async def test_bursts_are_coalesced_and_full_pools_show_an_eta(start: StartGatew
             def count(_: object) -> None:
                 changes[0] += 1
 
-            unwatch = gw.gateway.pools["big"].watch(count)
+            unwatch = gw.gateway.backends["big"].pool.watch(count)
             sent = [asyncio.create_task(http.post(gw.url + "/v1/chat/completions", json=CHAT))
                     for _ in range(5)]
             stamps: list[float] = []

@@ -91,7 +91,7 @@ async def test_an_arm_that_steers_loads_the_classifier(
     raw["experiments"] = {"fb": {"route": "chat", "arms": {
         "plain": {"weight": 0.001}, "steer": {"fallback": {"when": "always"}}}}}
     gw = await start(raw)
-    assert gw.gateway.classifier is not None and "small" in gw.gateway.offers
+    assert gw.gateway.classifier is not None and gw.gateway.backends["small"].offers is not None
     reply = await sdk(gw).chat.completions.with_raw_response.create(
         model="chat", messages=[{"role": "user", "content": "hello!"}], user="someone")
     assert reply.headers["x-slotgate-arm"] == "steer"

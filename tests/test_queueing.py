@@ -28,8 +28,8 @@ async def test_ten_requests_three_slots_queue_five(sdk: SdkClients, start: Start
     sim = engine(gw)
     sim.hold()  # every generation waits before its first token until released
     tasks, rejected = await send_in_order(sdk(gw), gw, 10)
-    assert gw.gateway.pools["big"].snapshot().active == 3
-    assert gw.gateway.pools["big"].queued == 5
+    assert gw.gateway.backends["big"].pool.snapshot().active == 3
+    assert gw.gateway.backends["big"].pool.queued == 5
     assert len(rejected) == 2
     for err in rejected:
         assert isinstance(err, openai.RateLimitError)
@@ -85,7 +85,7 @@ async def test_stream_that_leaves_while_queued_leaves_the_queue(
     holder = await occupy_one_slot(sdk, gw)
     stream = await sdk(gw).chat.completions.create(
         model="chat", messages=MESSAGES, stream=True)
-    assert gw.gateway.pools["big"].queued == 1  # 200 and SSE headers came while queued
+    assert gw.gateway.backends["big"].pool.queued == 1  # 200 and SSE headers came while queued
     await stream.close()
     await wait_pools(gw, lambda s: s["big"] == (1, 0))
     engine(gw).release()

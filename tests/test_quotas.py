@@ -62,7 +62,7 @@ async def ask(
 
 
 async def queued(gw: RunningGateway, n: int) -> None:
-    pool = gw.gateway.pools["big"]
+    pool = gw.gateway.backends["big"].pool
     async with asyncio.timeout(10):
         while pool.queued != n:
             await pool.next_change()
@@ -80,7 +80,7 @@ async def test_critical_first_and_a_full_queue_sheds_the_sheddable(
     await queued(gw, 1)
     team = asyncio.create_task(ask(sdk, gw, "team", "team"))
     await queued(gw, 2)
-    assert gw.gateway.pools["big"].snapshot().sheddable == 1
+    assert gw.gateway.backends["big"].pool.snapshot().sheddable == 1
     gold = asyncio.create_task(ask(sdk, gw, "gold", "gold"))  # the queue is full: batch goes
     with pytest.raises(openai.RateLimitError) as shed:
         await batch

@@ -30,7 +30,7 @@ HOLDERS = "{slotgate:big}:holders"
 async def counted_again(gw: RunningGateway, active: int) -> None:
     """Wait, without polling, until the shared pool reports `active` leases in a reply or
     wake-up newer than any heard so far (so: from the restarted Redis)."""
-    pool = gw.gateway.pools["big"].shared  # type: ignore[attr-defined]
+    pool = gw.gateway.backends["big"].pool.shared  # type: ignore[attr-defined]
     before = pool.version
     async with asyncio.timeout(BOUNDED_S):
         while not (pool.version > before and pool.active == active):

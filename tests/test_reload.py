@@ -14,7 +14,15 @@ import yaml
 from router.app import RunningGateway, start_gateway
 from router.cli import main
 from router.config import load_config
-from tests.support import MESSAGES, GatewayProcess, SdkClients, assert_idle, sim_backend, wait_pools
+from tests.support import (
+    MESSAGES,
+    GatewayProcess,
+    SdkClients,
+    assert_idle,
+    engine,
+    sim_backend,
+    wait_pools,
+)
 
 
 def write(path: Path, slots: int, queue_limit: int = 8, **route: Any) -> None:
@@ -41,7 +49,7 @@ async def test_a_valid_config_applies_to_new_admissions(sdk: SdkClients, tmp_pat
     write(path, slots=1)
     gw = await started(path)
     try:
-        sim = gw.gateway.simulators["big"].engine
+        sim = engine(gw)
         sim.hold()
         first = asyncio.create_task(sdk(gw).chat.completions.create(model="chat",
                                                                     messages=MESSAGES))
@@ -107,7 +115,7 @@ async def test_twenty_reloads_under_load_fail_no_request(sdk: SdkClients, tmp_pa
             assert status == 200
             count = len(outcomes)
             while len(outcomes) < count + 5:  # some requests complete between reloads
-                await gw.gateway.pools["big"].next_change()
+                await gw.gateway.backends["big"].pool.next_change()
         done.set()
         await asyncio.gather(*clients)
         failures = [o for o in outcomes if isinstance(o, Exception)]

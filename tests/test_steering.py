@@ -156,7 +156,7 @@ async def test_a_client_that_leaves_during_a_move_never_reaches_the_fallback(
         if pool.queued == 0 and not handler.done():
             handler.cancel()  # its client leaves at this very instant
 
-    unwatch = gw.gateway.pools["big"].watch(leave)
+    unwatch = gw.gateway.backends["big"].pool.watch(leave)
     try:
         small.release()  # the fallback slot frees: the queued translation is offered it
         with pytest.raises(APIConnectionError):

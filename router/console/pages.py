@@ -126,7 +126,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers=SSE_HEADERS)
     try:
-        unwatch.extend(pool.watch(lambda _pool: wake.set()) for pool in gw.pools.values())
+        unwatch.extend(b.pool.watch(lambda _pool: wake.set()) for b in gw.backends.values())
         await response.prepare(request)
         await response.write(pools_event(gw))
         sent_at = loop.time()
@@ -172,12 +172,13 @@ def pool_rows(gw: Gateway, now: float | None = None) -> list[dict[str, object]]:
     """One row per pool: slots, queue, next-slot ETA, 429s and fallbacks in the last minute."""
     rejected, fallback = _recent_counts(gw, time.perf_counter() if now is None else now)
     rows: list[dict[str, object]] = []
-    for name, pool in gw.pools.items():
+    for name, backend in gw.backends.items():
+        pool = backend.pool
         snap = pool.snapshot()
         full = snap.active >= snap.capacity
         rows.append({
             "name": name,
-            "model": gw.config.backends[name].model,
+            "model": backend.config.model,
             "capacity": snap.capacity,
             "active": snap.active,
             "queued": snap.queued,

@@ -8,7 +8,6 @@ slot time the primary has recently taken for an answer of that length.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from classifier.text import request_text
@@ -26,7 +25,8 @@ CLIENT_CLOSED = 499  # the status a ledger row gets when the client left before 
 
 
 def ledger_row(rec: RequestRecord, config: Config,
-               slot_time: Mapping[str, SlotTimeModel]) -> LedgerRow:
+               primary_slot_time: SlotTimeModel | None) -> LedgerRow:
+    """`primary_slot_time`: how long the route's primary holds a slot, by answer length."""
     prompt = rec.prompt_tokens or 0
     completion = rec.completion_tokens or 0
     cost = counterfactual = 0.0
@@ -37,9 +37,9 @@ def ledger_row(rec: RequestRecord, config: Config,
         primary = config.backends.get(rec.primary) if rec.primary is not None else None
         if rec.primary == rec.backend:
             counterfactual = cost
-        elif primary is not None and rec.primary is not None:
-            model = slot_time.get(rec.primary)
-            slot_s = model.predict(completion) if model else primary.initial_hold_s
+        elif primary is not None:
+            slot_s = (primary_slot_time.predict(completion) if primary_slot_time is not None
+                      else primary.initial_hold_s)
             counterfactual = request_cost(primary.price, primary.slots, prompt, completion,
                                           slot_s)
     status = rec.status or (CLIENT_CLOSED if rec.disconnect is not None else 0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -86,14 +85,28 @@ class Upstream:
 
 
 @dataclass(slots=True)
-class Relay:
-    """What one forwarded request learned, for the record."""
+class Attempt:
+    """One try of a request on one backend: what to send, and what has happened so far
+    (read by the caller on every exit, a cancellation included)."""
 
-    usage: Usage
-    status: int = 0
+    request: web.Request
+    upstream: Upstream
+    endpoint: Endpoint
+    body: bytes
+    stream: bool
+    strip_usage: bool  # the client did not ask for the usage chunk
+    request_id: str
+    headers: dict[str, str]  # the gateway's own headers on the answer
+    max_response_bytes: int
+    rules: Forwarding = DEFAULT  # which client headers pass
+    preamble: bytes = b""  # said right after a stream's headers, before its first chunk
+    # An already prepared SSE response (a stream that had to queue); else set once the
+    # stream's headers went out.
+    response: web.StreamResponse | None = None
+    usage: Usage = field(default_factory=Usage)
+    status: int = 0  # the backend's
     first_byte_at: float | None = None
     streaming: bool = False  # bytes of the answer reached the client
-    response: web.StreamResponse | None = None  # the stream, once its headers went out
 
 
 def returned_headers(headers: MultiMapping[str], secret: str | None = None
@@ -115,16 +128,15 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-async def drain_if_abandoned(upstream: Upstream, stream: bool,
-                             exchange: Coroutine[Any, Any, web.StreamResponse]
-                             ) -> web.StreamResponse:
-    """Run `exchange` (a `forward`). For a non-streaming request to a backend with
-    `on_disconnect: drain`, it runs on its own, so that the client leaving (this task
-    cancelled) does not close the upstream connection: the caller holds the slot until
-    the engine's answer has been read to its end."""
-    if stream or upstream.config.on_disconnect != "drain":
-        return await exchange
-    work = asyncio.ensure_future(exchange)
+async def forward(attempt: Attempt) -> web.StreamResponse:
+    """Send the attempt upstream and answer the client. For a non-streaming request to a
+    backend with `on_disconnect: drain`, the exchange runs on its own, so that the client
+    leaving (this task cancelled) does not close the upstream connection: the caller holds
+    the slot until the engine's answer has been read to its end."""
+    upstream = attempt.upstream
+    if attempt.stream or upstream.config.on_disconnect != "drain":
+        return await _exchange(attempt)
+    work = asyncio.ensure_future(_exchange(attempt))
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:
@@ -147,63 +159,48 @@ async def _drain(upstream: Upstream, work: asyncio.Future[web.StreamResponse]) -
         work.exception()  # an upstream failure nobody can be told of: retrieved, dropped
 
 
-async def forward(
-    request: web.Request,
-    upstream: Upstream,
-    endpoint: Endpoint,
-    body: bytes,
-    stream: bool,
-    strip_usage: bool,
-    request_id: str,
-    response: web.StreamResponse | None,
-    extra_headers: dict[str, str],
-    max_response_bytes: int,
-    relay: Relay,
-    preamble: bytes = b"",
-    rules: Forwarding = DEFAULT,
-) -> web.StreamResponse:
-    """Send `body` upstream and answer the client.
-
-    `response` is an already prepared SSE response (a stream that had to queue) or None.
-    `relay` is filled in as the exchange goes; `rules` say which client headers pass.
-    Raises UpstreamFailure (the caller answers it, in-band once a stream has begun),
-    ClientGone, and ApiError for a backend key the gateway cannot send.
-    """
+async def _exchange(attempt: Attempt) -> web.StreamResponse:
+    """Raises UpstreamFailure (the caller answers it, in-band once a stream has begun),
+    ClientGone, and ApiError for a backend key the gateway cannot send."""
+    request, upstream, stream = attempt.request, attempt.upstream, attempt.stream
+    response = attempt.response
     cfg = upstream.config
-    headers = forward_headers(request.headers, request_id, upstream.auth_header(),
-                              request.remote, request.scheme, rules)
+    headers = forward_headers(request.headers, attempt.request_id, upstream.auth_header(),
+                              request.remote, request.scheme, attempt.rules)
     up: Response | None = None
     done = False
     try:
         # The first-byte and idle deadlines are kept by the connection pool (a coarse
         # ticker, not a timer re-armed per request or per chunk).
         up = await upstream.http.request(
-            "POST", upstream.target(endpoint.value.removeprefix("/v1")), headers, body,
+            "POST", upstream.target(attempt.endpoint.value.removeprefix("/v1")), headers,
+            attempt.body,
             connect_timeout_s=cfg.connect_timeout_s,
             first_byte_timeout_s=cfg.first_byte_timeout_s, idle_timeout_s=cfg.idle_timeout_s)
-        relay.status = up.status
+        attempt.status = up.status
         if up.status != 200:
             raise await _upstream_error(up, upstream.name, upstream.secret())
         if not stream:
-            raw = await _read_bounded(up, max_response_bytes, upstream.name)
-            relay.first_byte_at = time.perf_counter()
-            _usage_from_body(raw, relay.usage)
+            raw = await _read_bounded(up, attempt.max_response_bytes, upstream.name)
+            attempt.first_byte_at = time.perf_counter()
+            _usage_from_body(raw, attempt.usage)
             done = True
             # Case-insensitive: the gateway's x-request-id replaces an engine's own.
             headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
-            headers_out.update(extra_headers)
+            headers_out.update(attempt.headers)
             headers_out["Content-Type"] = "application/json"
             return web.Response(body=raw, status=200, headers=headers_out)
-        events = EventRelay(strip_usage, relay.usage)
+        events = EventRelay(attempt.strip_usage, attempt.usage)
         chunk = await up.readany()
-        relay.first_byte_at = time.perf_counter()
+        attempt.first_byte_at = time.perf_counter()
         if response is None:
-            response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **extra_headers})
-            relay.response = response
+            response = web.StreamResponse(status=200,
+                                          headers={**SSE_HEADERS, **attempt.headers})
+            attempt.response = response
             await _send(response.prepare(request))
-            if preamble:
-                await _send(response.write(preamble))
-        relay.streaming = True
+            if attempt.preamble:
+                await _send(response.write(attempt.preamble))
+        attempt.streaming = True
         client = request.transport
         while chunk:
             out_bytes = events.feed(chunk)
@@ -238,7 +235,7 @@ async def forward(
                               f"{MAX_EVENT_BYTES} bytes.") from None
     except ResponseDropped as exc:
         why = type(exc).__name__
-        if relay.status != 0:  # the answer had begun
+        if attempt.status != 0:  # the answer had begun
             raise UpstreamFailure(FailureKind.DROPPED, upstream.name,
                                   f"Backend '{upstream.name}' dropped the connection: {why}."
                                   ) from None

@@ -209,7 +209,7 @@ async def test_clients_leaving_at_random_moments_leave_no_trace(
     print(f"\n{len(reached)} reached the handler of {REQUESTS * scale}; ledger phases "
           f"{dict(phases)}; engine saw {len(records)}, aborted {aborted}; "
           f"clients {dict(work.outcomes)} in {clients_s:.1f} s; "
-          f"slots held at the end {gw.gateway.pools['big'].active}")
+          f"slots held at the end {gw.gateway.backends['big'].pool.active}")
     assert {"admission", "queued", "before_first_byte", "streaming", None} <= set(phases)
     served = sum(1 for _, status, disconnect in rows if status == 200 and disconnect is None)
     assert served
@@ -230,7 +230,7 @@ async def test_leaving_just_after_the_slot_is_granted_frees_it(
 
     monkeypatch.setattr(dispatch, "handle", tracked)
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=3)))
-    sim, pool = engine(gw), gw.gateway.pools["big"]
+    sim, pool = engine(gw), gw.gateway.backends["big"].pool
     sim.hold()
     client = sdk(gw)
     msgs: Any = [{"role": "user", "content": "tell me something"}]

@@ -38,7 +38,15 @@ from router.app import RunningGateway, start_gateway
 from router.config import load_config
 from router.reload import reload_file
 from router.upstream.simulated import start_simulator
-from tests.support import MESSAGES, Changes, GatewayProcess, SdkClients, assert_idle, sim_backend
+from tests.support import (
+    MESSAGES,
+    Changes,
+    GatewayProcess,
+    SdkClients,
+    assert_idle,
+    engine,
+    sim_backend,
+)
 
 SEED = 20240612
 STREAM_SHARE = 0.75  # of the requests; the rest ask for a whole answer
@@ -360,7 +368,7 @@ async def test_reloads_under_load_fail_no_request(
         await client.close()
 
         assert not failures, (len(failures), failures[:5])
-        big, small = (gw.gateway.simulators[name].engine for name in ("big", "small"))
+        big, small = engine(gw, "big"), engine(gw, "small")
         records = [*big.records.values(), *small.records.values()]
         assert len(records) == done()  # each request reached an engine once (no retries)
         assert all(r.completed and not r.aborted for r in records)

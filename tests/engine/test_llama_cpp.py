@@ -197,7 +197,7 @@ async def test_three_at_once_one_runs_two_queue_in_the_gateway(
     start: StartGateway, idle: Engines, connect: Connect
 ) -> None:
     gw = await start(engine_config(idle))
-    pool = gw.gateway.pools["big"]
+    pool = gw.gateway.backends["big"].pool
     peak = 0
 
     def watch(p: Any) -> None:
@@ -250,7 +250,7 @@ async def test_a_simple_request_goes_to_the_fallback_while_the_primary_is_busy(
     assert raw.headers["x-slotgate-backend"] == "small"
     assert raw.headers["x-slotgate-route-reason"].startswith("fallback:simple:")
     assert answer.usage is not None and 1 <= answer.usage.completion_tokens <= 8
-    assert gw.gateway.pools["big"].active == 1  # the primary was busy all along
+    assert gw.gateway.backends["big"].pool.active == 1  # the primary was busy all along
     await busy.close()
     await assert_idle(gw)
     assert record(gw, "hello").intent in ("greeting", "chitchat")
@@ -300,7 +300,7 @@ async def test_an_abandoned_non_stream(
     keeps the slot until the engine's answer ends, and the next request waits in line."""
     gw = await start(engine_config(idle, on_disconnect=setting))
     client = connect(gw)
-    upstream, tokens = gw.gateway.upstreams["big"], 160
+    upstream, tokens = gw.gateway.backends["big"].upstream, 160
     leaver = asyncio.create_task(client.chat.completions.create(
         model="chat", messages=ASK, max_tokens=tokens, logit_bias=NO_EOS,
         extra_headers={"X-Request-Id": rid("leaver")}))
@@ -325,7 +325,7 @@ async def test_an_abandoned_non_stream(
     else:
         await poll_until(lambda: upstream.draining == 1, within_s=30.0,
                          every_s=0.01)  # the gateway knows the client left
-        assert gw.gateway.pools["big"].active == 1  # and keeps the slot
+        assert gw.gateway.backends["big"].pool.active == 1  # and keeps the slot
         follower = asyncio.create_task(client.chat.completions.create(
             model="chat", messages=ASK, max_tokens=8, extra_headers={"X-Request-Id": rid("next")}))
         await wait_pools(gw, lambda s: s["big"] == (1, 1))  # the next one waits in line

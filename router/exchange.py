@@ -1,0 +1,101 @@
+"""The state of one request while it is admitted, queued and forwarded, and how it
+answers its client: the gateway's headers, rejections, errors (in-band once a stream
+has begun) and a stream opened early for a request that has to wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from aiohttp import web
+
+from policies.admission import RejectReason
+from policies.config import Config, Priority
+from policies.eta import advised_retry_s
+from policies.fallback import RequestFacts
+from policies.slots import SlotPool
+from router.gateway import Gateway
+from router.openai_api import ApiError, ParsedRequest
+from router.record import Phase, RequestRecord
+from router.request.body import BodyHold
+from router.request.rejections import rejection
+from router.sse import SSE_HEADERS
+from router.upstream.proxy import ClientGone
+
+
+class Exchange:
+    """One request's state, from its head to its record."""
+
+    __slots__ = ("config", "facts", "gw", "hold", "parsed", "priority", "rec", "request",
+                 "response")
+
+    def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
+                 config: Config) -> None:
+        self.request = request
+        self.gw = gw
+        self.config = config  # one config for the whole request, whatever a reload does
+        self.rec = rec
+        self.response: web.StreamResponse | None = None  # set once SSE headers went out
+        self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
+        self.parsed: ParsedRequest | None = None
+        self.priority = Priority.STANDARD
+        self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
+                             gw.bodies_full)
+
+    def wants_events(self, parsed: ParsedRequest) -> bool:
+        """Did the client ask for the named queue events (in the body or a header)?"""
+        header = self.request.headers.get("X-Slotgate-Queue-Events", "")
+        return parsed.queue_events or header.lower() in ("true", "1", "yes")
+
+    def headers(self) -> dict[str, str]:
+        """The gateway's headers on the answer: where it went, why, and its wait."""
+        rec = self.rec
+        out = {"x-request-id": rec.request_id}
+        if rec.backend:
+            out["x-slotgate-backend"] = rec.backend
+            out["x-slotgate-route-reason"] = rec.reason or ""
+            if rec.phase is not Phase.QUEUED:
+                out["x-slotgate-queue-wait-ms"] = f"{rec.queue_wait_ms:.0f}"
+        if rec.arm is not None and rec.experiment is not None:
+            out["x-slotgate-experiment"] = rec.experiment
+            out["x-slotgate-arm"] = rec.arm
+        return out
+
+    def retry_after(self, pools: Iterable[SlotPool]) -> int:
+        """The Retry-After of a request refused by `pools` (its queue full, its wait over):
+        the same forecast and bounds as an admission's `Reject`."""
+        server = self.config.server
+        return advised_retry_s((pool.forecast(1) for pool in pools),
+                               server.retry_after_min_s, server.retry_after_max_s)
+
+    def rejection(self, reason: RejectReason, retry_s: int, backend: str | None,
+                  message: str | None = None) -> ApiError:
+        return rejection(self.gw.metrics, reason, retry_s, backend, message)
+
+    async def open_stream(self) -> None:
+        """A stream that must wait gets its 200 and SSE headers at once."""
+        response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **self.headers()})
+        self.response = response
+        try:
+            await response.prepare(self.request)
+        except ConnectionResetError:
+            raise ClientGone from None
+
+    async def send(self, data: bytes) -> None:
+        """Write on the stream already open."""
+        assert self.response is not None
+        try:
+            await self.response.write(data)
+        except ConnectionResetError:
+            raise ClientGone from None
+
+    async def fail(self, err: ApiError) -> web.StreamResponse:
+        """Answer `err`: as an error response, or in-band once a stream's 200 went out."""
+        err.headers.update(self.headers())
+        if self.response is None:
+            return err.response()
+        with contextlib.suppress(ClientGone, ConnectionResetError):
+            await self.send(err.sse_event())
+            await self.response.write_eof()
+        return self.response

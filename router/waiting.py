@@ -1,0 +1,203 @@
+"""Taking a slot for one request: admission, steering to a fallback, and the wait in line.
+
+The decisions come from `policies` (admission, fallback); this module carries them out.
+A stream that has to wait gets its 200 at once and hears its place in line. A waiter
+leaves the line at once when its client leaves (its handler is cancelled and the ticket
+withdrawn), when the gateway starts draining, when its backend fails, or, on a steering
+route, the moment a fallback slot frees for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from classifier.text import request_text
+from policies.admission import Decision, Reject, RejectReason, Wait, decide
+from policies.config import FallbackWhen, RouteConfig
+from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
+from policies.fallback import decide as steer_by_intent
+from policies.slots import Lease, PoolSnapshot, QueueShed, QueueTimeout, SlotPool, Ticket
+from policies.slots.handover import MoveOffers
+from router.exchange import Exchange
+from router.openai_api import ParsedRequest
+from router.record import Phase
+from router.request.waits import Interrupt, abandon
+from router.upstream.health import BackendOpened
+from router.upstream.proxy import ClientGone
+
+_ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
+
+
+async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Lease:
+    """Route -> admit -> (steer to a fallback) -> take a slot or a place in line."""
+    backends, rec, server = ex.gw.backends, ex.rec, ex.config.server
+    primary = backends[route.primary].pool
+    fallbacks = [backends[name].pool for name in route.fallbacks]
+
+    def next_slot_s(pool: PoolSnapshot) -> float:  # the pool's own forecast
+        return backends[pool.name].pool.forecast(1)
+
+    for _ in range(_ADMIT_ATTEMPTS):
+        decision = decide(
+            primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow,
+            server.retry_after_min_s, server.retry_after_max_s, ex.priority,
+            forecast=next_slot_s,
+        )
+        if isinstance(decision, Reject):
+            raise ex.rejection(decision.reason, decision.advised_retry_s, primary.name)
+        target, reason, movable = decision.pool, decision.reason.value, None
+        if target == primary.name and _may_steer(route, decision):
+            step = steer(ex, parsed, route)
+            if isinstance(step, Move):
+                target, reason = step.pool, step.reason
+            elif step.movable:
+                movable = step.movable[0]
+        pool = backends[target].pool
+        rec.backend, rec.reason = target, reason
+        lease = await pool.try_acquire()
+        if lease is not None:
+            return lease
+        ticket = await pool.enqueue(ex.priority)
+        if ticket is not None:
+            return await wait(ex, parsed, pool, ticket, movable)
+    raise ex.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
+
+
+async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
+    """A slot on one given backend (a retry): free now, or after waiting in its line."""
+    pool = ex.gw.backends[backend].pool
+    ex.rec.backend = backend
+    lease = await pool.try_acquire()
+    if lease is not None:
+        return lease
+    ticket = await pool.enqueue(ex.priority)
+    if ticket is None:
+        raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), backend)
+    return await wait(ex, parsed, pool, ticket, None)
+
+
+def _may_steer(route: RouteConfig, decision: Decision) -> bool:
+    """The classifier runs only where its answer can change the outcome."""
+    when = route.fallback.when
+    return when is FallbackWhen.ALWAYS or (
+        when is FallbackWhen.SATURATED and isinstance(decision, Wait)
+    )
+
+
+def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Stay:
+    """Classify once, then ask the fallback policy whether to leave the primary."""
+    gw, rec = ex.gw, ex.rec
+    if ex.facts is None:
+        assert gw.classifier is not None, "steering routes load the classifier at startup"
+        began = time.perf_counter()
+        prediction = gw.classifier.predict(request_text(parsed.body))
+        gw.metrics.classifier.observe(time.perf_counter() - began)
+        ex.facts = RequestFacts(
+            prediction.intent, prediction.p_simple(route.fallback.intents),
+            estimate_tokens(len(parsed.raw.decode(errors="replace")), len(parsed.raw)),
+            parsed.max_tokens,
+        )
+        rec.intent, rec.p_simple = ex.facts.intent, round(ex.facts.p_simple, 4)
+    candidates = [
+        Candidate(gw.backends[name].pool.snapshot(), ex.config.backends[name].context_window)
+        for name in route.fallbacks
+    ]
+    return steer_by_intent(ex.facts, gw.backends[route.primary].pool.snapshot(), candidates,
+                           route.fallback)
+
+
+async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket,
+               movable: str | None) -> Lease:
+    """Wait in `pool`'s line with `ticket` (or move to the fallback `movable`)."""
+    rec, backend = ex.rec, ex.gw.backends[pool.name]
+    rec.phase = Phase.QUEUED
+    queued_at = time.perf_counter()
+    reporter = None
+    if parsed.stream:
+        try:
+            if ex.response is None:  # a retry that queues again keeps its response
+                await ex.open_stream()
+            assert ex.response is not None
+            await backend.reporter.listen(ex.request, ex.response, ticket,
+                                          ex.wants_events(parsed),
+                                          ex.config.server.queue_heartbeat_s)
+        except BaseException as exc:
+            await ticket.withdraw()
+            if isinstance(exc, ConnectionResetError):
+                raise ClientGone from None
+            raise
+        reporter = backend.reporter
+    timeout = ex.config.backends[pool.name].queue_timeout_s
+    try:
+        if movable is None:
+            waiting = ticket.wait(timeout)
+        else:
+            offers = ex.gw.backends[movable].offers
+            assert offers is not None, "assembly offers moves onto every steering fallback"
+            waiting = wait_or_move(ex, ticket, timeout, offers)
+        lease = await unless_draining(ex, waiting, pool.name)
+    except QueueTimeout:
+        raise ex.rejection(RejectReason.QUEUE_TIMEOUT, ex.retry_after([pool]),
+                           pool.name) from None
+    except QueueShed:
+        raise ex.rejection(RejectReason.SHED, ex.retry_after([pool]), pool.name) from None
+    finally:
+        if reporter is not None:
+            reporter.leave(ticket)  # from here on, only this handler writes its stream
+        rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
+        ex.gw.metrics.queue_wait.labels(pool.name).observe(rec.queue_wait_ms / 1000)
+    return lease
+
+
+async def unless_draining(ex: Exchange, waiting: Awaitable[Lease], pool: str) -> Lease:
+    """A slot from `waiting`, unless the gateway starts draining first (the request
+    leaves the line, passing on any slot it got, and is answered 503) or the pool's
+    backend fails meanwhile (it leaves the line: `BackendOpened`).
+
+    Either signal cancels this handler's own wait, as a client leaving does (no task
+    or `asyncio.wait` per waiter: thousands may queue); the wait then withdraws."""
+    cut = Interrupt(ex.request.task)
+    drain, opened = ex.gw.drain_signal(), ex.gw.health.opened(pool)
+    drain.add_done_callback(cut.draining)
+    opened.add_done_callback(cut.opened)
+    try:
+        return await waiting
+    except asyncio.CancelledError:
+        if not cut.why or cut.task.uncancel() > 0:  # not ours, or the client left as well
+            raise
+    finally:
+        cut.why = cut.why or "done"
+        drain.remove_done_callback(cut.draining)
+        opened.remove_done_callback(cut.opened)
+    if cut.why == "opened":  # even with a slot granted at the same instant (passed on)
+        raise BackendOpened(pool)
+    raise ex.rejection(RejectReason.DRAINING, ex.config.server.retry_after_min_s, pool)
+
+
+async def wait_or_move(ex: Exchange, ticket: Ticket, limit_s: float,
+                       offers: MoveOffers) -> Lease:
+    """Wait for the primary, or leave its queue the moment a fallback slot frees."""
+    offer = offers.offer()
+    waiting = asyncio.ensure_future(ticket.wait(limit_s))
+    try:
+        either: set[asyncio.Future[Any]] = {waiting, offer}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        offers.withdraw(offer)
+        await abandon(waiting)  # the ticket leaves the queue and passes on any slot it got
+        raise
+    if waiting.done():
+        offers.withdraw(offer)  # also returns a fallback slot granted at the same instant
+        return waiting.result()
+    try:
+        await abandon(waiting)  # leave the primary's queue; the client may leave meanwhile
+    except BaseException:
+        offers.withdraw(offer)  # then the fallback's slot goes back, unused
+        raise
+    assert ex.facts is not None
+    ex.rec.backend = offers.pool.name
+    ex.rec.reason = f"fallback:simple:{ex.facts.intent}:{ex.facts.p_simple:.2f}"
+    return offer.result()
