@@ -64,6 +64,11 @@ class CircuitBreaker:
             self._set(BreakerState.HALF_OPEN)
         return True
 
+    def probe_due(self) -> bool:
+        """Would `allow` let a probe through now? (A question only: nothing changes.)"""
+        return self.state is not BreakerState.CLOSED \
+            and self.clock() - self.opened_at >= self.open_s
+
     def success(self) -> None:
         self.consecutive = 0
         if self.state is not BreakerState.CLOSED:

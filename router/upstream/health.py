@@ -22,15 +22,15 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from policies import failures
+from policies import failover, failures
 from policies.breaker import Blame, BreakerState, CircuitBreaker, confirmed_failures
-from policies.config import BackendConfig, Overflow, RouteConfig
+from policies.config import BackendConfig, RouteConfig
+from policies.failover import Standing, Unavailable
 from router.openai_api import ApiError
 from router.upstream.failures import UpstreamFailure
 
-RETRY_SHARE, RETRY_MIN = 0.2, 3
 MAX_THROTTLE_S = 300.0  # an upstream Retry-After is honoured up to this
 log = logging.getLogger("slotgate")
 
@@ -141,18 +141,34 @@ class BackendHealth:
     def _cooling_s(self, name: str) -> float:
         return max(0.0, self._cool_until.get(name, 0.0) - time.monotonic())
 
+    def standing(self, names: Iterable[str]) -> Mapping[str, Standing]:
+        """Each backend's standing now, for `policies.failover` (nothing changes: a due
+        probe stays due until `take_probe`)."""
+        return {name: self._standing(name) for name in names}
+
+    def _standing(self, name: str) -> Standing:
+        breaker = self.breakers.get(name)
+        if self._cooling_s(name) > 0:
+            return Standing.DOWN
+        if breaker is None or breaker.state is BreakerState.CLOSED:
+            return Standing.UP
+        return Standing.PROBE if breaker.probe_due() else Standing.DOWN
+
+    def take_probe(self, name: str) -> bool:
+        """Make this request the probe of `name`, whose standing was `PROBE`: no other goes
+        until the next probe time. False when no probe was due after all."""
+        breaker = self.breakers.get(name)
+        return breaker is not None and breaker.state is not BreakerState.CLOSED \
+            and breaker.allow()
+
     def allows(self, name: str) -> bool:
         """May new work go to `name`? (An open breaker lets one probe through per period.)"""
-        if self._cooling_s(name) > 0:
-            return False
-        breaker = self.breakers.get(name)
-        return breaker is None or breaker.allow()
+        standing = self._standing(name)
+        return standing is Standing.UP or (standing is Standing.PROBE and self.take_probe(name))
 
     def is_open(self, name: str) -> bool:
         """Is `name` out of service: its breaker not closed, or waiting out a 429?"""
-        breaker = self.breakers.get(name)
-        return (breaker is not None and breaker.state is not BreakerState.CLOSED) \
-            or self._cooling_s(name) > 0
+        return self._standing(name) is not Standing.UP
 
     def retry_in_s(self, names: list[str]) -> float:
         return min((max(self.breakers[n].retry_in_s() if n in self.breakers else 0.0,
@@ -164,25 +180,17 @@ class BackendHealth:
         err.headers["Retry-After"] = str(max(retry_min_s, math.ceil(self.retry_in_s(chain))))
         return err
 
-    @staticmethod
-    def without(route: RouteConfig, name: str) -> RouteConfig | None:
-        """`route` minus the backend `name` (None when nothing would be left)."""
-        chain = [b for b in (route.primary, *route.fallbacks) if b != name]
-        if not chain:
-            return None
-        return route.model_copy(update={"primary": chain[0], "fallbacks": tuple(chain[1:]),
-                                        "overflow": Overflow.FALLBACK})
+    without = staticmethod(failover.without)
 
     def around(self, route: RouteConfig, chain: list[str], retry_min_s: int) -> RouteConfig:
         """`route` without its unavailable primary: its first healthy fallback leads.
         Unchanged when this request is the half-open probe; 503 when nothing is left."""
-        if self.allows(route.primary):
-            return route
-        healthy = [name for name in chain if name != route.primary and not self.is_open(name)]
-        if not healthy:
-            raise self.unavailable(route.primary, chain, retry_min_s)
-        return route.model_copy(update={"primary": healthy[0], "fallbacks": tuple(healthy[1:]),
-                                        "overflow": Overflow.FALLBACK})
+        plan = failover.lead(route, chain, self.standing([route.primary, *chain]))
+        if isinstance(plan, Unavailable):
+            raise self.unavailable(plan.backend, chain, retry_min_s)
+        if plan.takes_probe:
+            self.take_probe(plan.route.primary)
+        return plan.route
 
     def succeeded(self, name: str) -> None:
         breaker = self.breakers.get(name)
@@ -230,4 +238,4 @@ class BackendHealth:
         return healthy
 
     def may_retry(self, running: int) -> bool:
-        return self.retrying < max(RETRY_MIN, int(RETRY_SHARE * running))
+        return failover.retry_budget_left(self.retrying, running)
