@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
+from policies import failover
 from policies.admission import RejectReason
 from policies.config import RouteConfig
 from policies.failures import FailureKind
@@ -155,16 +156,22 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 
 
 async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
+    """Admit on the route's first backend that takes work, serve, and retry a failure
+    before the first byte on the next one (`policies.failover` decides which)."""
     health, retry_min = ex.gw.health, ex.config.server.retry_after_min_s
     chain = [route.primary, *route.fallbacks]
     while True:
-        if health.is_open(route.primary):  # a sick primary takes no new work
-            route = health.around(route, chain, retry_min)
+        plan = failover.lead(route, chain, health.standing(chain))
+        if isinstance(plan, failover.Unavailable):
+            raise health.unavailable(plan.backend, chain, retry_min)
+        if plan.takes_probe:
+            health.take_probe(plan.route.primary)
+        route = plan.route
         try:
             lease = await admit(ex, parsed, route)
             break
         except BackendOpened as opened:  # its breaker opened while we queued: on to
-            rest = health.without(route, opened.args[0])  # the rest of the route
+            rest = failover.without(route, opened.args[0])  # the rest of the route
             if rest is None:
                 raise health.unavailable(opened.args[0], chain, retry_min) from None
             route = rest
@@ -172,23 +179,24 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
         try:
             return await serve(ex, parsed, lease)
         except UpstreamFailure as failure:
-            # Retry on the route's next backend before the first byte, within budget,
-            # unless the request itself caused the failure (it would walk the route).
+            # Unless the request itself caused the failure (it would walk the route), or
+            # the answer has begun.
             if not retryable(failure) or ex.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                 raise
-            later = chain[chain.index(lease.pool) + 1:] if lease.pool in chain else []
-            after = next((b for b in later if health.allows(b)), None)
-            if after is None or not health.may_retry(ex.gw.running):
+            retry = failover.retry_on(chain, lease.pool, health.standing(chain),
+                                      health.retrying, ex.gw.running)
+            if retry is None:
                 raise
+            if retry.takes_probe:
+                health.take_probe(retry.backend)
         health.retrying += 1
         try:
             ex.rec.reason = f"retry:{lease.pool}"
-            lease = await admit_to(ex, parsed, after)
+            lease = await admit_to(ex, parsed, retry.backend)
         except BackendOpened:
-            raise health.unavailable(after, chain, retry_min) from None
+            raise health.unavailable(retry.backend, chain, retry_min) from None
         finally:
             health.retrying -= 1
-
 
 
 async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:

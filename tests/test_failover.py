@@ -18,7 +18,6 @@ from policies.failover import (
     retry_on,
     without,
 )
-from router.openai_api import ApiError
 from router.upstream.health import BackendHealth
 
 UP, PROBE, DOWN = Standing.UP, Standing.PROBE, Standing.DOWN
@@ -164,17 +163,27 @@ def test_the_standing_snapshot_and_taking_the_probe() -> None:
     assert not health.take_probe("b") and not health.take_probe("unknown")  # none to take
 
 
-def test_health_around_follows_lead_and_takes_the_primarys_probe() -> None:
+def test_lead_over_a_standing_snapshot_takes_the_primarys_probe_once() -> None:
+    """As dispatch does it: snapshot, decide, take the probe, with nothing in between."""
     clock, health = Clock(), BackendHealth()
     health.breakers = {"a": opened(clock)}
-    assert health.around(ABC, CHAIN, 1) == route("b", "c")
+
+    def admit_on() -> RouteConfig | Unavailable:
+        plan = lead(ABC, CHAIN, health.standing(CHAIN))
+        if isinstance(plan, Unavailable):
+            return plan
+        if plan.takes_probe:
+            assert health.take_probe(plan.route.primary)
+        return plan.route
+
+    assert admit_on() == route("b", "c")
     clock.now += 10.0
-    assert health.around(ABC, CHAIN, 1) == ABC  # the probe
+    assert admit_on() == ABC  # the probe
     assert health.breakers["a"].state is BreakerState.HALF_OPEN
-    assert health.around(ABC, CHAIN, 1) == route("b", "c")  # taken: the next one moves
+    assert admit_on() == route("b", "c")  # taken: the next one moves
     health.breakers["b"] = opened(clock)
     health.throttle("c", 60.0)
-    with pytest.raises(ApiError) as refused:
-        health.around(ABC, CHAIN, 7)
-    assert (refused.value.status, refused.value.code) == (503, "backend_unavailable")
-    assert "'a'" in refused.value.message and int(refused.value.headers["Retry-After"]) >= 7
+    assert admit_on() == Unavailable("a")
+    refused = health.unavailable("a", CHAIN, 7)
+    assert (refused.status, refused.code) == (503, "backend_unavailable")
+    assert "'a'" in refused.message and int(refused.headers["Retry-After"]) >= 7

@@ -10,7 +10,6 @@ import openai
 import pytest
 from aiohttp import web
 
-from router.upstream.health import BackendHealth
 from router.upstream.simulated import FaultMode
 from tests.support import (
     MESSAGES,
@@ -126,10 +125,6 @@ def test_what_counts_as_a_backend_failure_and_the_retry_budget() -> None:
         assert blame(FailureKind.UPSTREAM_AUTH) is Blame.REQUEST
         assert not retryable(FailureKind.UPSTREAM_AUTH)
     assert blame(FailureKind.TOO_LARGE) is Blame.REQUEST
-    health = BackendHealth()
-    assert health.may_retry(0)  # at least 3 in flight, whatever the load
-    health.retrying = 3
-    assert not health.may_retry(10) and health.may_retry(20)  # then a fifth of the running
 
 
 async def test_health_checks_put_a_recovered_backend_back_without_risking_a_request(

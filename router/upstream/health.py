@@ -24,10 +24,10 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from policies import failover, failures
+from policies import failures
 from policies.breaker import Blame, BreakerState, CircuitBreaker, confirmed_failures
-from policies.config import BackendConfig, RouteConfig
-from policies.failover import Standing, Unavailable
+from policies.config import BackendConfig
+from policies.failover import Standing
 from router.openai_api import ApiError
 from router.upstream.failures import UpstreamFailure
 
@@ -161,11 +161,6 @@ class BackendHealth:
         return breaker is not None and breaker.state is not BreakerState.CLOSED \
             and breaker.allow()
 
-    def allows(self, name: str) -> bool:
-        """May new work go to `name`? (An open breaker lets one probe through per period.)"""
-        standing = self._standing(name)
-        return standing is Standing.UP or (standing is Standing.PROBE and self.take_probe(name))
-
     def is_open(self, name: str) -> bool:
         """Is `name` out of service: its breaker not closed, or waiting out a 429?"""
         return self._standing(name) is not Standing.UP
@@ -179,18 +174,6 @@ class BackendHealth:
                        "fallbacks; retry later.", "server_error", "backend_unavailable")
         err.headers["Retry-After"] = str(max(retry_min_s, math.ceil(self.retry_in_s(chain))))
         return err
-
-    without = staticmethod(failover.without)
-
-    def around(self, route: RouteConfig, chain: list[str], retry_min_s: int) -> RouteConfig:
-        """`route` without its unavailable primary: its first healthy fallback leads.
-        Unchanged when this request is the half-open probe; 503 when nothing is left."""
-        plan = failover.lead(route, chain, self.standing([route.primary, *chain]))
-        if isinstance(plan, Unavailable):
-            raise self.unavailable(plan.backend, chain, retry_min_s)
-        if plan.takes_probe:
-            self.take_probe(plan.route.primary)
-        return plan.route
 
     def succeeded(self, name: str) -> None:
         breaker = self.breakers.get(name)
@@ -236,6 +219,3 @@ class BackendHealth:
         if not healthy:
             log.warning("backend %s failed its health check after an error answer", name)
         return healthy
-
-    def may_retry(self, running: int) -> bool:
-        return failover.retry_budget_left(self.retrying, running)
