@@ -16,14 +16,9 @@ import pytest
 import trustme
 from aiohttp import web
 
-from router.upstream.client import (
-    PAUSE_AT,
-    BadResponse,
-    ConnectFailed,
-    HttpPool,
-    ResponseDropped,
-    ResponseTimeout,
-)
+from router.upstream.client import HttpPool
+from router.upstream.connection import PAUSE_AT
+from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, ResponseTimeout
 from router.upstream.wire import Target
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
