@@ -6,6 +6,7 @@ Plain helpers live in tests/support.py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ import pytest
 
 from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
+from router.upstream.client import HttpPool
 from tests.support import (
     REQUIRE_ALL,
     RedisServer,
@@ -22,6 +24,7 @@ from tests.support import (
     closed_port,
     require_program,
 )
+from tests.upstream_engines import Raw
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser
@@ -127,3 +130,25 @@ async def redis_server() -> AsyncIterator[RedisServer]:
         yield server
     finally:
         await server.stop(kill=True)
+
+
+# -- the upstream client's tests: a raw engine and a pool ---------------------------------------
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[Raw]:
+    raw = Raw()
+    yield raw
+    for task in raw.tasks:
+        task.cancel()
+    await asyncio.gather(*raw.tasks, return_exceptions=True)
+    for server in raw.servers:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[HttpPool]:
+    pool = HttpPool()
+    yield pool
+    await pool.close()
