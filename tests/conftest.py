@@ -1,4 +1,5 @@
-"""Shared fixtures: real gateways on loopback ports over simulated engines.
+"""Shared fixtures: real gateways on loopback ports over simulated engines; raw engines and
+a pool for the upstream client's tests; local and redis pools for the slot pools' contract.
 
 Every integration test ends with `await assert_idle(gw)`: no slot held, no ticket queued.
 Plain helpers live in tests/support.py.
@@ -16,6 +17,7 @@ import pytest
 from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
 from router.upstream.client import HttpPool
+from tests.pool_contract import PoolFactory
 from tests.support import (
     REQUIRE_ALL,
     RedisServer,
@@ -152,3 +154,36 @@ async def pool() -> AsyncIterator[HttpPool]:
     pool = HttpPool()
     yield pool
     await pool.close()
+
+
+# -- the slot pools' contract (tests/test_pool_contract*.py) ------------------------------------
+
+
+@pytest.fixture(params=["local", "redis"])
+def pool_backend(request: pytest.FixtureRequest) -> str | None:
+    """None for a local pool; the url of a private redis-server for a shared one."""
+    if request.param == "local":
+        return None
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
+
+
+@pytest.fixture
+async def pool_factory(pool_backend: str | None) -> AsyncIterator[PoolFactory]:
+    factory = PoolFactory(pool_backend)
+    try:
+        yield factory
+    finally:
+        await factory.close()
+    assert not factory.violations, f"states outside the bounds: {factory.violations}"
+
+
+@pytest.fixture
+async def redis_factory(redis_server: RedisServer) -> AsyncIterator[PoolFactory]:
+    """Shared pools only: for what needs two replicas for real."""
+    factory = PoolFactory(redis_server.url)
+    try:
+        yield factory
+    finally:
+        await factory.close()
+    assert not factory.violations, f"states outside the bounds: {factory.violations}"
