@@ -8,15 +8,18 @@ Plain helpers live in tests/support.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import pytest
 
 from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
 from router.upstream.client import HttpPool
+from tests.canaries import ADMIN_ENV, BACKEND_ENV, LOGGERS, Canaries
 from tests.pool_contract import PoolFactory
 from tests.support import (
     REQUIRE_ALL,
@@ -62,6 +65,13 @@ async def sdk() -> AsyncIterator[SdkClients]:
         yield clients
     finally:
         await clients.aclose()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain aiohttp client, for what the SDK would not send."""
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -187,3 +197,22 @@ async def redis_factory(redis_server: RedisServer) -> AsyncIterator[PoolFactory]
     finally:
         await factory.close()
     assert not factory.violations, f"states outside the bounds: {factory.violations}"
+
+
+# -- the secrets canary (tests/test_secrets*.py) ------------------------------------------------
+
+
+@pytest.fixture
+def keys(monkeypatch: pytest.MonkeyPatch) -> Canaries:
+    made = Canaries()
+    monkeypatch.setenv(ADMIN_ENV, made.admin)
+    monkeypatch.setenv(BACKEND_ENV, made.backend)
+    return made
+
+
+@pytest.fixture
+def caplog_debug(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)  # the root: every logger without a level of its own
+    for name in LOGGERS:
+        caplog.set_level(logging.DEBUG, logger=name)
+    return caplog

@@ -31,12 +31,6 @@ async def gw(start: StartGateway) -> RunningGateway:
                                       server={"max_body_bytes": 4096}))
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 @pytest.mark.parametrize(
     ("path", "body", "status", "param"),
     [
