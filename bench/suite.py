@@ -44,7 +44,8 @@ import aiohttp
 import orjson
 
 # Run as a script, so this directory is on sys.path and the siblings import by name.
-from peers import TOOLS_VENV, Fleet, Tools, prepare
+from peer_tools import TOOLS_VENV, Tools, prepare
+from peers import Fleet
 from suite_alone import classifier, profile, redis, saturation
 from suite_load import LoadError
 from suite_phases import FULL, LOAD_CPU, QUICK, WORK, Scale, Suite

@@ -18,7 +18,8 @@ import aiohttp
 import orjson
 from harness import free_port
 from peer_configs import MOCK_MODEL, slotgate_yaml
-from peers import BENCH, Fleet, Server, Tools
+from peer_tools import Tools
+from peers import BENCH, Fleet, Server
 from suite_load import LoadError, closed_loop_rps, latency_c1, run_wrk, streams, summarise
 
 Result = dict[str, Any]

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 from harness import REPO
-from peers import LITELLM_VENV, Tools, version_of
+from peer_tools import LITELLM_VENV, Tools, version_of
 from suite_figures import figures, target_checks
 from suite_tables import (
     machine_lines,

@@ -1,21 +1,31 @@
-"""The canaries of the secrets test: recognisable keys, and a detector that finds them in
-everything the gateway said (logs, responses, metrics, the ledger)."""
+"""The canaries of the secrets tests (tests/test_secrets*.py): recognisable keys, a detector
+that finds them in everything the gateway said (logs, responses, metrics, the ledger), and
+the config, clients and headers that carry the keys."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, quote_plus
 
 import aiohttp
 import httpx2
 import pytest
+from openai import AsyncOpenAI
+
+from router.app import RunningGateway
 
 CLIENT_LOGGERS = ("openai", "httpx2", "httpcore2")
+BACKEND_ENV = "SLOTGATE_CANARY_BACKEND_KEY"
+ADMIN_ENV = "SLOTGATE_CANARY_ADMIN_KEY"
+USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+LOGGERS = ("slotgate", "slotgate.access", "aiohttp", "asyncio", "policies", "router")
 
 
 def canary(kind: str) -> str:
@@ -126,3 +136,29 @@ class Seen:
         for path in folder.iterdir():
             self.add(f"ledger file {path.name}", path.read_bytes().decode("latin-1"))
         return count
+
+
+# -- what both secrets tests send: keys in the config, in clients, in headers -------------------
+
+
+def auth_config(keys: Canaries) -> dict[str, Any]:
+    return {"enabled": True, "keys": [
+        {"id": "team", "tenant": "research",
+         "sha256": hashlib.sha256(keys.team.encode()).hexdigest()},
+        {"id": "ops", "tenant": "platform", "key_env": ADMIN_ENV, "admin": True},
+    ]}
+
+
+def client(gw: RunningGateway, key: str, http: httpx2.AsyncClient) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, http_client=http)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+
+def smuggling(key: str) -> dict[str, str]:
+    """The client's key in every header that could carry a credential upstream."""
+    return {**bearer(key), "X-Api-Key": key, "Api-Key": key, "Cookie": f"session={key}",
+            "Proxy-Authorization": f"Bearer {key}", "Connection": "keep-alive, X-Client-Secret",
+            "X-Client-Secret": key}

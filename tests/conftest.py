@@ -1,4 +1,5 @@
-"""Shared fixtures: real gateways on loopback ports over simulated engines.
+"""Shared fixtures: real gateways on loopback ports over simulated engines; raw engines and
+a pool for the upstream client's tests; local and redis pools for the slot pools' contract.
 
 Every integration test ends with `await assert_idle(gw)`: no slot held, no ticket queued.
 Plain helpers live in tests/support.py.
@@ -6,14 +7,20 @@ Plain helpers live in tests/support.py.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import pytest
 
 from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
+from router.upstream.client import HttpPool
+from tests.canaries import ADMIN_ENV, BACKEND_ENV, LOGGERS, Canaries
+from tests.pool_contract import PoolFactory
 from tests.support import (
     REQUIRE_ALL,
     RedisServer,
@@ -22,6 +29,7 @@ from tests.support import (
     closed_port,
     require_program,
 )
+from tests.upstream_engines import Raw
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser
@@ -57,6 +65,13 @@ async def sdk() -> AsyncIterator[SdkClients]:
         yield clients
     finally:
         await clients.aclose()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain aiohttp client, for what the SDK would not send."""
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -127,3 +142,77 @@ async def redis_server() -> AsyncIterator[RedisServer]:
         yield server
     finally:
         await server.stop(kill=True)
+
+
+# -- the upstream client's tests: a raw engine and a pool ---------------------------------------
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[Raw]:
+    raw = Raw()
+    yield raw
+    for task in raw.tasks:
+        task.cancel()
+    await asyncio.gather(*raw.tasks, return_exceptions=True)
+    for server in raw.servers:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[HttpPool]:
+    pool = HttpPool()
+    yield pool
+    await pool.close()
+
+
+# -- the slot pools' contract (tests/test_pool_contract*.py) ------------------------------------
+
+
+@pytest.fixture(params=["local", "redis"])
+def pool_backend(request: pytest.FixtureRequest) -> str | None:
+    """None for a local pool; the url of a private redis-server for a shared one."""
+    if request.param == "local":
+        return None
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
+
+
+@pytest.fixture
+async def pool_factory(pool_backend: str | None) -> AsyncIterator[PoolFactory]:
+    factory = PoolFactory(pool_backend)
+    try:
+        yield factory
+    finally:
+        await factory.close()
+    assert not factory.violations, f"states outside the bounds: {factory.violations}"
+
+
+@pytest.fixture
+async def redis_factory(redis_server: RedisServer) -> AsyncIterator[PoolFactory]:
+    """Shared pools only: for what needs two replicas for real."""
+    factory = PoolFactory(redis_server.url)
+    try:
+        yield factory
+    finally:
+        await factory.close()
+    assert not factory.violations, f"states outside the bounds: {factory.violations}"
+
+
+# -- the secrets canary (tests/test_secrets*.py) ------------------------------------------------
+
+
+@pytest.fixture
+def keys(monkeypatch: pytest.MonkeyPatch) -> Canaries:
+    made = Canaries()
+    monkeypatch.setenv(ADMIN_ENV, made.admin)
+    monkeypatch.setenv(BACKEND_ENV, made.backend)
+    return made
+
+
+@pytest.fixture
+def caplog_debug(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)  # the root: every logger without a level of its own
+    for name in LOGGERS:
+        caplog.set_level(logging.DEBUG, logger=name)
+    return caplog

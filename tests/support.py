@@ -32,6 +32,9 @@ REQUIRE_ALL = os.environ.get("SLOTGATE_REQUIRE_ALL") == "1"
 MESSAGES: Any = [{"role": "user", "content": "tell me something"}]
 # The `slotgate` program of this virtual environment.
 SLOTGATE = str(Path(sys.executable).parent / "slotgate")
+# A small valid chat request, and the header for a JSON body (the error tests).
+CHAT: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+JSON = {"Content-Type": "application/json"}
 
 
 # -- gateways in this process ----------------------------------------------------------------
@@ -185,6 +188,16 @@ class SdkClients:
     async def aclose(self) -> None:
         while self._made:
             await self._made.pop().close()
+
+
+def assert_openai_error(body: Any, kind: str, code: str | None = None) -> None:
+    """`body` is an error in OpenAI's shape, of type `kind` (and `code`, if given)."""
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    assert body["error"]["type"] == kind
+    if code is not None:
+        assert body["error"]["code"] == code
 
 
 # -- waiting ----------------------------------------------------------------------------------

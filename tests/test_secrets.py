@@ -1,4 +1,4 @@
-"""The secrets canary (issue 8, part 5).
+"""The secrets canary.
 
 Recognisable keys, random per run, go through every path of a real gateway: client keys
 (one configured by its SHA-256, one read from the environment, one wrong key) and a
@@ -7,8 +7,8 @@ captured: every log record at DEBUG of every logger but the test's own HTTP clie
 access log on), every response's status line, headers and body, the Prometheus text, the
 dashboard feed, stdout and stderr, and every row and byte of the SQLite ledger. No secret
 may appear in any of it, as itself, URL-encoded, or by its random part alone. The backend
-key must reach the backend, and no client key may; a backend that echoes its key back (in
-an error message or a header) must not get it relayed to the client.
+key must reach the backend, and no client key may. A backend that echoes its key back:
+tests/test_secrets_echo.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,22 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
-from openai import AsyncOpenAI
 
 from router.app import RunningGateway
 from router.upstream.simulated import FaultMode
-from tests.canaries import Canaries, Seen, leaks, no_leak
+from tests.canaries import (
+    BACKEND_ENV,
+    LOGGERS,
+    USAGE,
+    Canaries,
+    Seen,
+    auth_config,
+    bearer,
+    client,
+    leaks,
+    no_leak,
+    smuggling,
+)
 from tests.support import (
     MESSAGES,
     StartGateway,
@@ -43,12 +53,6 @@ from tests.support import (
     sim_backend,
     wait_pools,
 )
-
-BACKEND_ENV = "SLOTGATE_CANARY_BACKEND_KEY"
-ADMIN_ENV = "SLOTGATE_CANARY_ADMIN_KEY"
-USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-LOGGERS = ("slotgate", "slotgate.access", "aiohttp", "asyncio", "policies", "router")
-
 
 # --- the canaries and the detector ----------------------------------------------------
 
@@ -63,51 +67,6 @@ def test_the_detector_finds_a_planted_canary() -> None:
                     f"key={quote_plus(keys.team)}", keys.team.upper(),
                     f"sk-***-{keys.team.split('-')[3]}"):
         assert leaks([("planted", planted)], secret), planted
-
-
-@pytest.fixture
-def keys(monkeypatch: pytest.MonkeyPatch) -> Canaries:
-    made = Canaries()
-    monkeypatch.setenv(ADMIN_ENV, made.admin)
-    monkeypatch.setenv(BACKEND_ENV, made.backend)
-    return made
-
-
-@pytest.fixture
-def caplog_debug(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.DEBUG)  # the root: every logger without a level of its own
-    for name in LOGGERS:
-        caplog.set_level(logging.DEBUG, logger=name)
-    return caplog
-
-
-def auth_config(keys: Canaries) -> dict[str, Any]:
-    return {"enabled": True, "keys": [
-        {"id": "team", "tenant": "research",
-         "sha256": hashlib.sha256(keys.team.encode()).hexdigest()},
-        {"id": "ops", "tenant": "platform", "key_env": ADMIN_ENV, "admin": True},
-    ]}
-
-
-def client(gw: RunningGateway, key: str, http: httpx2.AsyncClient) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, http_client=http)
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-
-
-def smuggling(key: str) -> dict[str, str]:
-    """The client's key in every header that could carry a credential upstream."""
-    return {**bearer(key), "X-Api-Key": key, "Api-Key": key, "Cookie": f"session={key}",
-            "Proxy-Authorization": f"Bearer {key}", "Connection": "keep-alive, X-Client-Secret",
-            "X-Client-Secret": key}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 # --- a real engine that records what it is sent ---------------------------------------
@@ -357,85 +316,3 @@ async def test_no_secret_reaches_a_log_a_metric_a_response_or_the_ledger(
     assert "llm_rejection_total" in dict(seen.items)["metrics, read directly"]
 
     no_leak(seen.items, keys.named())
-
-
-# --- a hostile backend that echoes its key --------------------------------------------
-
-class EchoingBackend:
-    """An engine that sends the Authorization it was given back: in its error message, as
-    a bare error string, or in a header of a successful answer."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.received: list[str] = []
-        self.app = web.Application()
-        self.app.router.add_post("/v1/chat/completions", self.answer)
-
-    async def answer(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        auth = request.headers.get("Authorization", "")
-        self.received.append(auth)
-        echo = {"WWW-Authenticate": f'Bearer realm="{auth}"', "X-Upstream-Auth": auth}
-        if self.mode == "header" and body.get("stream"):
-            resp = web.StreamResponse(headers={**echo, "Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0,
-                     "model": body["model"], "choices": [
-                         {"index": 0, "finish_reason": "stop",
-                          "delta": {"role": "assistant", "content": "ok"}}]}
-            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n")
-            await resp.write_eof()
-            return resp
-        if self.mode == "header":
-            answer = {"id": "c", "object": "chat.completion", "created": 0,
-                      "model": body["model"], "usage": USAGE, "choices": [
-                          {"index": 0, "finish_reason": "stop",
-                           "message": {"role": "assistant", "content": "ok"}}]}
-            return web.json_response(answer, headers=echo)
-        if self.mode == "string":
-            return web.json_response({"error": f"forbidden for {auth}"}, status=403,
-                                     headers=echo)
-        status = {"401": 401, "429": 429, "500": 500}[self.mode]
-        error = {"message": f"Incorrect API key provided: {auth}",
-                 "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
-        return web.json_response({"error": error}, status=status,
-                                 headers={**echo, "Retry-After": "1"})
-
-
-@pytest.mark.parametrize("mode", ["401", "429", "500", "string", "header"])
-async def test_a_backend_echoing_its_key_does_not_pass_it_on(
-    start: StartGateway, keys: Canaries, mode: str, http: aiohttp.ClientSession,
-    caplog_debug: pytest.LogCaptureFixture,
-) -> None:
-    seen = Seen()
-    hostile = EchoingBackend(mode)
-    runner, url = await serve_app(hostile.app)
-    try:
-        gw = await start({
-            "auth": auth_config(keys),
-            "backends": {"echo": {"url": url + "/v1", "model": "m", "slots": 2,
-                                  "api_key_env": BACKEND_ENV}},
-            "routes": {"chat": {"primary": "echo"}}})
-        async with httpx2.AsyncClient(event_hooks={"response": [seen.sdk_response]}) as sdk_http:
-            team = client(gw, keys.team, sdk_http)
-            for stream in (False, True):
-                try:
-                    reply = await team.chat.completions.create(model="chat", messages=MESSAGES,
-                                                               stream=stream)
-                    if isinstance(reply, openai.AsyncStream):
-                        assert [c async for c in reply]
-                except openai.APIStatusError:
-                    assert mode != "header"
-        for stream in (False, True):
-            await seen.call(http, "POST", gw.url + "/v1/chat/completions", smuggling(keys.team),
-                            orjson.dumps({"model": "chat", "messages": MESSAGES,
-                                          "stream": stream}))
-        await assert_idle(gw)
-        seen.add("metrics", gw.gateway.metrics.exposition())
-        await gw.close()
-    finally:
-        await runner.cleanup()
-    seen.logs(caplog_debug)
-    calls = 1 if mode == "429" else 4  # after a 429 the backend gets no work for a while
-    assert hostile.received == [f"Bearer {keys.backend}"] * calls  # the key went upstream...
-    no_leak(seen.items, keys.named())  # ...and never came back

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import resource
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Protocol
 
@@ -65,6 +66,9 @@ class ConnectionGuard:
     def __init__(self, server: ServerConfig, fd_limit: int,
                  loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        # The clock of every head deadline and age: the loop's, replaceable (to age heads
+        # without waiting for them).
+        self.clock: Callable[[], float] = loop.time
         self.head_timeout = server.head_timeout_s
         self.max_head_bytes = server.max_head_bytes
         self.max_connections = min(server.max_connections, fd_limit)
@@ -131,7 +135,7 @@ class ConnectionGuard:
         """Close the connection that has waited longest for its request head, if that is
         more than a tick: when every place is taken by slow heads, a newcomer still gets in
         (and it sends its head at once, so it is the last to be evicted in turn)."""
-        started_before = self._loop.time() - self._tick + self.head_timeout
+        started_before = self.clock() - self._tick + self.head_timeout
         victim = None
         for scanned, (conn, deadline) in enumerate(self._heads.items()):
             if deadline > started_before or scanned == 8:  # bounded: admit stays O(1)
@@ -147,7 +151,7 @@ class ConnectionGuard:
     def head_started(self, conn: Awaited) -> None:
         heads = self._heads
         heads.pop(conn, None)  # re-entered at the end: the order stays the deadlines'
-        heads[conn] = self._loop.time() + self.head_timeout
+        heads[conn] = self.clock() + self.head_timeout
         if self._ticker is None:
             self._ticker = self._loop.call_later(self._tick, self._expire)
 
@@ -168,7 +172,7 @@ class ConnectionGuard:
 
     def _expire(self) -> None:
         loop = self._loop
-        now = loop.time()
+        now = self.clock()
         expired = []
         for conn, deadline in self._heads.items():
             if deadline > now:

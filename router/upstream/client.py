@@ -4,8 +4,8 @@ aiohttp's ClientSession costs ~8x the CPU per request of an asyncio.Protocol dri
 httptools (llhttp), and every admitted request crosses this leg once. This is just enough
 client for it: a LIFO keep-alive pool per origin, bodies streamed with backpressure, and
 first-byte and idle deadlines kept by one coarse ticker per pool rather than a timer per
-request. Errors: UpstreamError > ConnectFailed | ResponseTimeout | ResponseDropped >
-BadResponse.
+request. One connection and its parser: router.upstream.connection; the answer read
+from it: router.upstream.response; the errors: router.upstream.errors.
 """
 
 from __future__ import annotations
@@ -16,298 +16,28 @@ import select
 import ssl
 from collections import defaultdict, deque
 from collections.abc import Iterable
-from typing import cast
 
-from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
-from multidict import CIMultiDict
+from router.upstream.connection import _Connection
+from router.upstream.errors import (
+    BadResponse,
+    ConnectFailed,
+    ResponseDropped,
+    ResponseTimeout,
+    UpstreamError,
+)
+from router.upstream.response import Response
+from router.upstream.wire import BODYLESS, Origin, Target, encode
 
-from router.upstream.wire import BODYLESS, Origin, Target, encode, until_close
-
-MAX_HEAD_BYTES = 64 * 1024  # status line + header fields (interim 1xx answers included)
-MAX_HEADER_FIELDS = 128
-PAUSE_AT = 256 * 1024  # body bytes buffered unread before the engine is made to wait
-
-
-class UpstreamError(Exception):
-    """The upstream exchange failed."""
-
-
-class ConnectFailed(UpstreamError):
-    """No connection could be opened (`timeout`: the connect timeout passed)."""
-
-    def __init__(self, message: str, *, timeout: bool) -> None:
-        super().__init__(message)
-        self.timeout = timeout
-
-
-class ResponseDropped(UpstreamError):
-    """The connection was lost after the request was sent, before the response ended."""
-
-
-class BadResponse(ResponseDropped):
-    """The engine's bytes are not valid HTTP/1.1, or its headers exceed the limits."""
-
-
-class ResponseTimeout(UpstreamError):
-    """No body byte within the first-byte timeout (`first_byte`), or a gap in the body
-    longer than the idle timeout. The connection is closed: the engine aborts."""
-
-    def __init__(self, message: str, *, first_byte: bool) -> None:
-        super().__init__(message)
-        self.first_byte = first_byte
-
-
-class _Surplus(Exception):
-    """Raised in the parser when a second message begins: the answer has ended."""
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection: the parser's callbacks, the body buffer, the waiters."""
-
-    __slots__ = (
-        "answered", "body", "body_waiter", "buffered", "done", "error", "first_byte_by",
-        "head_bytes", "head_done", "head_only", "head_raw", "head_waiter", "headers", "idle",
-        "idle_s", "idle_since", "interim", "last_data", "loop", "lost", "origin", "parser",
-        "paused", "poller", "pool", "raw_headers", "received", "reusable", "status", "transport",
-        "until_close",
-    )
-    transport: asyncio.Transport
-    headers: CIMultiDict[str]
-    head_waiter: asyncio.Future[None] | None  # request() waits for the final headers
-    body_waiter: asyncio.Future[None] | None  # readany() waits for body bytes
-
-    def __init__(self, pool: HttpPool, origin: Origin, loop: asyncio.AbstractEventLoop) -> None:
-        self.pool, self.origin, self.loop = pool, origin, loop
-        self.parser = HttpResponseParser(self)
-        self.idle = self.lost = self.paused = False
-        self.idle_since = 0.0
-        self.body: list[bytes] = []
-        self.buffered = 0
-        self.head_waiter = self.body_waiter = None
-        self.poller: select.poll | None = None  # made at the first reuse
-        self._start(False, math.inf, math.inf)
-
-    def _start(self, head_only: bool, first_byte_s: float, idle_s: float) -> None:
-        self.head_only = head_only
-        self.last_data = self.loop.time()
-        self.first_byte_by, self.idle_s = self.last_data + first_byte_s, idle_s
-        self.answered = False
-        self.received = self.head_done = self.done = self.interim = self.until_close = False
-        self.reusable = True  # until something rules it out
-        self.error: UpstreamError | None = None
-        self.raw_headers: list[tuple[str, str]] = []
-        self.head_bytes = self.head_raw = self.status = 0
-
-    async def exchange(self, data: bytes, head_only: bool, first_byte_s: float,
-                       idle_s: float) -> None:
-        """Send one request; return once the final response's headers are in."""
-        self._start(head_only, first_byte_s, idle_s)
-        if self.lost:
-            raise ResponseDropped("the connection closed before the request was sent")
-        waiter = self.head_waiter = self.loop.create_future()
-        self.transport.write(data)
-        try:
-            await waiter
-        except (UpstreamError, asyncio.CancelledError):
-            self.transport.abort()  # failed or cancelled: this connection's state is unknown
-            raise
-        finally:
-            self.head_waiter = None
-
-    def take(self) -> bytes:
-        body = self.body
-        data = body[0] if len(body) == 1 else b"".join(body)
-        body.clear()
-        self.buffered = 0
-        if self.paused:
-            self.paused = False
-            self.last_data = self.loop.time()  # the engine waited on us, not we on it
-            self.transport.resume_reading()
-        return data
-
-    def expired(self, now: float) -> ResponseTimeout | None:
-        """The deadline this exchange has passed, if any (checked by the pool's ticker)."""
-        if self.done or self.paused:
-            return None
-        if not self.answered:
-            if now > self.first_byte_by:
-                return ResponseTimeout("no first byte in time", first_byte=True)
-        elif now - self.last_data > self.idle_s:
-            return ResponseTimeout("the answer went idle", first_byte=False)
-        return None
-
-    def _fail(self, error: UpstreamError) -> None:
-        self.error = self.error or error
-        self.reusable = False
-        self.transport.abort()
-        self._wake()
-
-    def _wake(self) -> None:
-        head = self.head_waiter
-        if head is not None and not head.done():
-            if self.head_done:
-                head.set_result(None)
-            elif self.error is not None:
-                head.set_exception(self.error)
-        body = self.body_waiter
-        if body is not None and not body.done() and (self.body or self.done or self.error):
-            body.set_result(None)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self.idle or self.done or self.error is not None:
-            self.reusable = False  # unsolicited, or after the end of the answer
-            if self.idle:
-                self.transport.abort()
-            return
-        self.received = True
-        self.last_data = self.loop.time()
-        try:
-            self.parser.feed_data(data)
-        except (HttpParserError, HttpParserUpgrade) as exc:
-            if self.done:  # junk after a complete answer: the answer stands, not the connection
-                self.reusable = False
-            else:
-                cause = exc.__context__
-                self._fail(cause if isinstance(cause, BadResponse) else
-                           BadResponse(f"invalid HTTP response: {exc}"))
-                return
-        if not self.head_done:
-            self.head_raw += len(data)  # bounds a header line that never ends
-            if self.head_raw > MAX_HEAD_BYTES:
-                self._fail(BadResponse(f"response headers exceed {MAX_HEAD_BYTES} bytes"))
-                return
-        elif self.buffered > PAUSE_AT and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self.reusable = False
-        if self.idle:
-            self.pool._forget(self)
-            return
-        if not self.done and self.error is None:
-            if self.head_done and self.until_close and exc is None:
-                self.done = True  # a body without length ends with the connection
-            else:
-                where = "mid-body" if self.head_done else "before the response headers"
-                self.error = ResponseDropped(f"connection lost {where}: {exc or 'closed'}")
-        self._wake()
-
-    def on_message_begin(self) -> None:
-        if self.done:  # bytes after the answer: never part of it (stops the parser)
-            raise _Surplus("bytes after the end of the response")
-
-    def on_status(self, status: bytes) -> None:
-        self.head_bytes += len(status) + 15
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value) + 4
-        raw = self.raw_headers
-        raw.append((name.decode("latin-1"), value.decode("latin-1")))
-        if len(raw) > MAX_HEADER_FIELDS or self.head_bytes > MAX_HEAD_BYTES:
-            raise BadResponse(f"response headers exceed {MAX_HEADER_FIELDS} fields "
-                              f"or {MAX_HEAD_BYTES} bytes")
-
-    def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
-        if status < 200:  # informational (a stray 100 Continue): the answer follows
-            self.interim = True
-            self.raw_headers = []
-            return
-        self.status = status
-        self.headers = CIMultiDict(self.raw_headers)
-        self.head_done = True
-        if self.head_only:
-            self.done = True  # no body, whatever the headers say; not reusable then
-            self.reusable = False
-        else:
-            self.until_close = until_close(status, self.headers)
-
-    def on_body(self, body: bytes) -> None:
-        self.answered = True
-        self.body.append(body)
-        self.buffered += len(body)
-
-    def on_message_complete(self) -> None:
-        if self.interim:
-            self.interim = False
-        elif not self.done:
-            self.done = True
-            if not self.parser.should_keep_alive():
-                self.reusable = False
-
-
-class Response:
-    """The engine's answer: status and headers now, the body as it arrives."""
-
-    __slots__ = ("_conn", "_eof", "headers", "status")
-
-    def __init__(self, conn: _Connection) -> None:
-        self._conn: _Connection | None = conn
-        self._eof = False
-        self.status, self.headers = conn.status, conn.headers
-
-    async def readany(self) -> bytes:
-        """The next body bytes available; b"" once the body has ended."""
-        conn = self._conn
-        if conn is None:
-            if self._eof:
-                return b""
-            raise ResponseDropped("the response was closed")
-        while not conn.body:
-            if conn.done:
-                return b""
-            if conn.error is not None:
-                raise conn.error
-            waiter = conn.body_waiter = conn.loop.create_future()
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                conn.reusable = False
-                raise
-            finally:
-                conn.body_waiter = None
-        return conn.take()
-
-    def is_eof(self) -> bool:
-        conn = self._conn
-        return self._eof if conn is None else conn.done and not conn.body
-
-    async def read(self, limit: int) -> bytes:
-        """Up to `limit` bytes of the body (until its end or the limit)."""
-        parts: list[bytes] = []
-        size = 0
-        while size < limit and (chunk := await self.readany()):
-            parts.append(chunk)
-            size += len(chunk)
-        data = b"".join(parts)
-        if size > limit and self._conn is not None:  # the rest stays for the next read
-            self._conn.body.insert(0, data[limit:])
-            self._conn.buffered += size - limit
-            data = data[:limit]
-        return data
-
-    def release(self) -> None:
-        """Done with the answer: the connection goes back to the pool when it can."""
-        conn = self._conn
-        if conn is not None:
-            self._conn = None
-            self._eof = conn.done and not conn.body
-            if self._eof and conn.reusable:
-                conn.pool._checkin(conn)
-            else:
-                conn.transport.abort()
-
-    def close(self) -> None:
-        """Close the connection now: the engine learns the client left."""
-        if self._conn is not None:
-            self._conn.reusable = False
-        self.release()
+# The client's names, wherever defined: its callers import them all from here.
+__all__ = [
+    "BadResponse",
+    "ConnectFailed",
+    "HttpPool",
+    "Response",
+    "ResponseDropped",
+    "ResponseTimeout",
+    "UpstreamError",
+]
 
 
 class HttpPool:

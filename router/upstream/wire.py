@@ -1,6 +1,6 @@
 """What goes on the wire to an engine: its URLs, parsed once (`Target`), requests encoded
 with no header injection possible (`encode`), and HTTP/1.1's rule for a body that ends
-with the connection (`until_close`). Used by router/upstream/client.py."""
+with the connection (`until_close`). Used by router/upstream/client.py and connection.py."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import yaml
 from openai import AsyncOpenAI
@@ -67,6 +68,20 @@ async def test_unfinished_heads_leave_memory_flat(tmp_path: Path) -> None:
         await gateway.stop(signal.SIGKILL)
 
 
+async def served_or_refused(client: AsyncOpenAI) -> bool:
+    """A chat answered (True), or refused for want of a place (False): a 503, or a reset
+    when the refusal closed the connection before the request was read."""
+    try:
+        answer = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    except openai.InternalServerError as exc:
+        assert exc.status_code == 503 and b"too_many_connections" in exc.response.content
+        return False
+    except openai.APIConnectionError:
+        return False
+    assert answer.choices[0].message.content
+    return True
+
+
 async def test_a_flood_under_a_low_open_file_limit_leaves_normal_clients_served(
     tmp_path: Path,
 ) -> None:
@@ -100,19 +115,21 @@ async def test_a_flood_under_a_low_open_file_limit_leaves_normal_clients_served(
                 host, int(port), local_addr=(f"127.0.0.{2 + i % 4}", 0))
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
             stalled.append((reader, writer))
-        # A lower bound on their age, not a wait for an event: only a head older than one tick
-        # of the deadline timer may be evicted for a newcomer (a slow machine ages them more).
-        await asyncio.sleep(1.1)
         async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
-            for _ in range(3):  # served while the stalled connections fill every place
-                answer = await client.chat.completions.create(model="chat",
-                                                              messages=MESSAGES)
-                assert answer.choices[0].message.content
+            # Only a head older than a tick (1 s) may be evicted for a newcomer: until the
+            # oldest is, newcomers are refused. The first one served is the event awaited,
+            # well before the stalled heads' deadline (8 s) could make room instead.
+            async with asyncio.timeout(6):
+                while not await served_or_refused(client):  # noqa: ASYNC110 - no event to wait on
+                    await asyncio.sleep(0.05)  # a refused newcomer tries again
+            for _ in range(2):  # served while the stalled connections fill every place
+                assert await served_or_refused(client)
         answers = [await answered(reader) for reader, _ in stalled]
         refused = sum(a.startswith(b"HTTP/1.1 503 ") or a == b"<reset>" for a in answers)
         evicted = answers.count(b"")
         timed_out = sum(a.startswith(b"HTTP/1.1 408 ") for a in answers)
         assert refused + evicted + timed_out == 300, answers
+        assert evicted, answers  # the newcomer's place was a stalled head's
         # never more than 188 at once: each one admitted past the cap evicted another
         assert refused + evicted >= 300 - 188, (refused, evicted)
         for _, writer in stalled:

@@ -15,6 +15,7 @@ import pytest
 
 from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
+from router.server.runner import GatewayRunner
 from tests.hostile.conftest import answered
 from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
     BOTH_LOOPS,
@@ -28,6 +29,7 @@ from tests.support import (
     StartGateway,
     assert_idle,
     gateway_config,
+    poll_until,
     sim_backend,
 )
 
@@ -165,12 +167,18 @@ async def test_when_slow_heads_fill_every_place_a_newcomer_still_gets_in(
 ) -> None:
     gw = await start(config(max_connections=20, max_connections_per_client=5,
                             head_timeout_s=60))
+    assert isinstance(gw.runner, GatewayRunner) and gw.runner.guard is not None
+    guard = gw.runner.guard
     stalled = []
     for i in range(20):  # from four addresses: the per-address cap does not stop them
         reader, writer = await connect(gw, f"127.0.0.{2 + i // 5}")
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # no more
         stalled.append((reader, writer))
-    await asyncio.sleep(1.1)  # a head is evicted once it has waited more than a tick (1 s)
+    await poll_until(lambda: guard.heads_awaited == 20)  # every place taken by a slow head
+    # A head is evicted once it has waited more than a tick (1 s): the guard's clock moves
+    # on 30 s (their deadline is 60 s away), and no newcomer need wait for the real one.
+    clock = guard.clock
+    guard.clock = lambda: clock() + 30
     await served(sdk, gw)  # the oldest stalled head made room
     reader, writer = stalled[0]
     assert await answered(reader) == b""  # closed without a word
