@@ -14,7 +14,7 @@ from policies.slots.handover import MoveOffers
 from router.backend import open_backend
 from router.gateway import Gateway
 from router.openai_api import ApiError
-from router.upstream.client import UpstreamError
+from router.upstream.errors import UpstreamError
 
 _MODELS_LIMIT = 1024 * 1024  # a health check reads at most this much of /v1/models
 

@@ -2,7 +2,7 @@
 a pool for the upstream client's tests; local and redis pools for the slot pools' contract.
 
 Every integration test ends with `await assert_idle(gw)`: no slot held, no ticket queued.
-Plain helpers live in tests/support.py.
+Plain helpers live in tests/support/.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import pytest
 from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
 from router.upstream.client import HttpPool
-from tests.canaries import ADMIN_ENV, BACKEND_ENV, LOGGERS, Canaries
-from tests.pool_contract import PoolFactory
 from tests.support import (
     REQUIRE_ALL,
     RedisServer,
@@ -29,7 +27,9 @@ from tests.support import (
     closed_port,
     require_program,
 )
-from tests.upstream_engines import Raw
+from tests.support.canaries import ADMIN_ENV, BACKEND_ENV, LOGGERS, Canaries
+from tests.support.engines import Raw
+from tests.support.pools import PoolFactory
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser

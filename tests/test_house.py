@@ -1,5 +1,5 @@
 """Rules of the house that no single feature test would notice: test modules share helpers
-through tests/support.py (never by importing one another), and the intents the policies
+through tests/support/ (never by importing one another), and the intents the policies
 accept are exactly the classifier's labels."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_no_test_module_imports_another_test_module() -> None:
         package = ".".join(path.relative_to(TESTS.parent).parent.parts)
         offenders += [f"{path.relative_to(TESTS.parent)}: {module}"
                       for module in imported_modules(tree, package) if is_test_module(module)]
-    assert offenders == [], "put shared helpers in tests/support.py"
+    assert offenders == [], "put shared helpers in tests/support/"
 
 
 def test_the_import_check_sees_plain_and_relative_imports() -> None:

@@ -17,7 +17,7 @@ import pytest
 from policies.config import Priority
 from policies.slots import SlotPool
 from policies.slots.redis import RedisSlotPool
-from tests.pool_contract import (
+from tests.support.pools import (
     BOUND_S,
     PoolFactory,
     acquired,

@@ -11,7 +11,7 @@ import pytest
 
 from policies.config import Priority
 from policies.slots import QueueShed, QueueTimeout
-from tests.pool_contract import (
+from tests.support.pools import (
     BOUND_S,
     PoolFactory,
     acquired,

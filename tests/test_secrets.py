@@ -30,7 +30,17 @@ from aiohttp import web
 
 from router.app import RunningGateway
 from router.upstream.simulated import FaultMode
-from tests.canaries import (
+from tests.support import (
+    MESSAGES,
+    StartGateway,
+    assert_idle,
+    closed_port,
+    engine,
+    serve_app,
+    sim_backend,
+    wait_pools,
+)
+from tests.support.canaries import (
     BACKEND_ENV,
     LOGGERS,
     USAGE,
@@ -42,16 +52,6 @@ from tests.canaries import (
     leaks,
     no_leak,
     smuggling,
-)
-from tests.support import (
-    MESSAGES,
-    StartGateway,
-    assert_idle,
-    closed_port,
-    engine,
-    serve_app,
-    sim_backend,
-    wait_pools,
 )
 
 # --- the canaries and the detector ----------------------------------------------------

@@ -12,7 +12,13 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.canaries import (
+from tests.support import (
+    MESSAGES,
+    StartGateway,
+    assert_idle,
+    serve_app,
+)
+from tests.support.canaries import (
     BACKEND_ENV,
     USAGE,
     Canaries,
@@ -21,12 +27,6 @@ from tests.canaries import (
     client,
     no_leak,
     smuggling,
-)
-from tests.support import (
-    MESSAGES,
-    StartGateway,
-    assert_idle,
-    serve_app,
 )
 
 

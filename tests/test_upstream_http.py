@@ -15,7 +15,7 @@ from aiohttp import web
 from router.upstream.client import HttpPool
 from router.upstream.errors import BadResponse, ResponseDropped
 from router.upstream.wire import Target
-from tests.upstream_engines import CHUNKED, OK, Raw, answer, app_target, fetch, post, within
+from tests.support.engines import CHUNKED, OK, Raw, answer, app_target, fetch, post, within
 
 
 def test_target_parse() -> None:

@@ -17,7 +17,7 @@ from router.upstream.client import HttpPool
 from router.upstream.connection import PAUSE_AT
 from router.upstream.errors import ConnectFailed, ResponseDropped, ResponseTimeout
 from router.upstream.wire import Target
-from tests.upstream_engines import CHUNKED, OK, Raw, answer, app_target, fetch, get, post, within
+from tests.support.engines import CHUNKED, OK, Raw, answer, app_target, fetch, get, post, within
 
 
 async def test_connect_refused_and_timeout(pool: HttpPool) -> None:

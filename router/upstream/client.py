@@ -17,27 +17,13 @@ import ssl
 from collections import defaultdict, deque
 from collections.abc import Iterable
 
-from router.upstream.connection import _Connection
+from router.upstream.connection import Connection
 from router.upstream.errors import (
-    BadResponse,
     ConnectFailed,
     ResponseDropped,
-    ResponseTimeout,
-    UpstreamError,
 )
 from router.upstream.response import Response
 from router.upstream.wire import BODYLESS, Origin, Target, encode
-
-# The client's names, wherever defined: its callers import them all from here.
-__all__ = [
-    "BadResponse",
-    "ConnectFailed",
-    "HttpPool",
-    "Response",
-    "ResponseDropped",
-    "ResponseTimeout",
-    "UpstreamError",
-]
 
 
 class HttpPool:
@@ -48,10 +34,10 @@ class HttpPool:
         self.max_idle_per_origin = max_idle_per_origin  # may change (a reload's new slots)
         self._ttl = idle_ttl_s
         self._ssl = ssl_context
-        self._idle: defaultdict[Origin, deque[_Connection]] = defaultdict(deque)
+        self._idle: defaultdict[Origin, deque[Connection]] = defaultdict(deque)
         self._closed = False
         self.connections_opened = 0
-        self._active: set[_Connection] = set()  # exchanges with deadlines, for the ticker
+        self._active: set[Connection] = set()  # exchanges with deadlines, for the ticker
         self._tick_s = 1.0  # a tenth of the shortest timeout seen (deadlines run <= 10% late)
         self._ticker: asyncio.TimerHandle | None = None
 
@@ -87,7 +73,7 @@ class HttpPool:
         conn = await self._connect(target, connect_timeout_s)
         return await self._exchange(conn, data, head_only, timing)
 
-    async def _exchange(self, conn: _Connection, data: bytes, head_only: bool,
+    async def _exchange(self, conn: Connection, data: bytes, head_only: bool,
                         timing: tuple[float, float]) -> Response:
         first_byte_s, idle_s = timing
         if first_byte_s < math.inf or idle_s < math.inf:
@@ -122,12 +108,12 @@ class HttpPool:
                 conn.transport.abort()
         await asyncio.sleep(0)  # lets the transports finish closing their sockets
 
-    async def _connect(self, target: Target, timeout_s: float) -> _Connection:
+    async def _connect(self, target: Target, timeout_s: float) -> Connection:
         loop = asyncio.get_running_loop()
         ctx = None
         if target.tls:
             ctx = self._ssl = self._ssl or ssl.create_default_context()
-        conn = _Connection(self, target.origin, loop)
+        conn = Connection(self, target.origin, loop)
         where = f"{target.host}:{target.port}"
         try:
             async with asyncio.timeout(timeout_s):
@@ -140,7 +126,7 @@ class HttpPool:
         self.connections_opened += 1
         return conn
 
-    def _checkout(self, origin: Origin) -> _Connection | None:
+    def _checkout(self, origin: Origin) -> Connection | None:
         stack = self._idle.get(origin)
         if not stack:
             return None
@@ -154,7 +140,7 @@ class HttpPool:
             conn.transport.abort()
         return None
 
-    def _checkin(self, conn: _Connection) -> None:
+    def _checkin(self, conn: Connection) -> None:
         if self._closed or self.max_idle_per_origin <= 0 or conn.transport.is_closing():
             conn.transport.abort()
             return
@@ -168,13 +154,13 @@ class HttpPool:
         conn.idle_since = now
         stack.append(conn)
 
-    def _forget(self, conn: _Connection) -> None:  # an idle connection was closed
+    def _forget(self, conn: Connection) -> None:  # an idle connection was closed
         stack = self._idle.get(conn.origin)
         if stack is not None and conn in stack:
             stack.remove(conn)
 
 
-def _unread(conn: _Connection) -> bool:
+def _unread(conn: Connection) -> bool:
     """Has the engine sent anything (bytes, or its close) on this idle connection that the
     loop has not read yet? An unsolicited answer must never pass for the next request's:
     one zero-timeout poll per reuse closes the gap between the loop's last poll and this

@@ -22,16 +22,16 @@ PAUSE_AT = 256 * 1024  # body bytes buffered unread before the engine is made to
 class Keeper(Protocol):
     """The pool a connection goes back to (router.upstream.client.HttpPool)."""
 
-    def _checkin(self, conn: _Connection) -> None: ...
+    def _checkin(self, conn: Connection) -> None: ...
 
-    def _forget(self, conn: _Connection) -> None: ...
+    def _forget(self, conn: Connection) -> None: ...
 
 
 class _Surplus(Exception):
     """Raised in the parser when a second message begins: the answer has ended."""
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One keep-alive connection: the parser's callbacks, the body buffer, the waiters."""
 
     __slots__ = (

@@ -27,16 +27,11 @@ from policies.fallback import estimate_tokens
 from policies.headers import HOP_BY_HOP
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
-from router.upstream.client import (
-    BadResponse,
-    ConnectFailed,
-    HttpPool,
-    Response,
-    ResponseDropped,
-    ResponseTimeout,
-)
+from router.upstream.client import HttpPool
+from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, ResponseTimeout
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
+from router.upstream.response import Response
 from router.upstream.wire import Target
 
 _NOT_RETURNED = HOP_BY_HOP | {

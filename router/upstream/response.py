@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from router.upstream.connection import _Connection
+from router.upstream.connection import Connection
 from router.upstream.errors import ResponseDropped
 
 
@@ -14,8 +14,8 @@ class Response:
 
     __slots__ = ("_conn", "_eof", "headers", "status")
 
-    def __init__(self, conn: _Connection) -> None:
-        self._conn: _Connection | None = conn
+    def __init__(self, conn: Connection) -> None:
+        self._conn: Connection | None = conn
         self._eof = False
         self.status, self.headers = conn.status, conn.headers
 
