@@ -341,9 +341,9 @@ def summary(stats: Stats, plan: LoadPlan) -> str:
     return text + (" Interrupted with Ctrl-C." if stats.interrupted else "")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slotgate loadtest",
-                                description="drive a mixed workload, then report usage and cost")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`slotgate loadtest`'s flags, on its sub-command or on `loadtest_main`'s parser."""
+    p.description = "drive a mixed workload, then report usage and cost"
     p.add_argument("--config", help="YAML config (default: the embedded config.yaml)")
     p.add_argument("--url", help="drive a running gateway instead (needs --rate)")
     p.add_argument("--model", help="route to ask for (default: the first with fallbacks)")
@@ -361,7 +361,7 @@ def _parser() -> argparse.ArgumentParser:
     report = p.add_mutually_exclusive_group()
     report.add_argument("--html", help="write the report as a self-contained HTML page")
     report.add_argument("--json", action="store_true", help="print the report as JSON")
-    return p
+    p.set_defaults(func=_run, parser=p)
 
 
 def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -424,8 +424,13 @@ def _report(args: argparse.Namespace, ledger: str | None) -> int:
 
 def loadtest_main(argv: list[str]) -> int:
     """`slotgate loadtest`: 0 done, 1 bad config or no gateway, 2 bad usage, 130 Ctrl-C."""
-    p = _parser()
-    args = p.parse_args(argv)
+    p = argparse.ArgumentParser(prog="slotgate loadtest")
+    add_arguments(p)
+    return _run(p.parse_args(argv))
+
+
+def _run(args: argparse.Namespace) -> int:
+    p: argparse.ArgumentParser = args.parser
     _check(p, args)
     embedded, ledger = None, args.ledger
     try:
