@@ -18,7 +18,7 @@ from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool, UpstreamError
 from router.upstream.pools import make_pool
 from router.upstream.proxy import Upstream
-from router.upstream.simulated import start_simulator
+from router.upstream.simulated.app import start_simulator
 
 _MODELS_LIMIT = 1024 * 1024  # a health check reads at most this much of /v1/models
 

@@ -208,7 +208,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return 2
 
     async def start() -> Closable:
-        from router.upstream.simulated import start_simulator
+        from router.upstream.simulated.app import start_simulator
 
         sim = await start_simulator(spec, args.model, args.host, args.port)
         print(f"slotgate simulate: {args.model} with {spec.max_num_seqs} seqs on {sim.url}",

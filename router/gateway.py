@@ -37,7 +37,7 @@ from router.upstream.proxy import Upstream
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
     from router.record import RequestRecord
-    from router.upstream.simulated import RunningSim
+    from router.upstream.simulated.app import RunningSim
 
 RECENT_RECORDS = 1000
 

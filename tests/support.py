@@ -23,7 +23,7 @@ from openai import AsyncOpenAI
 from router.app import RunningGateway
 from router.ledger.base import LedgerRow, RowFilter
 from router.ledger.open import open_store
-from router.upstream.simulated import SimEngine
+from router.upstream.simulated.engine import SimEngine
 
 REQUIRE_ALL = os.environ.get("SLOTGATE_REQUIRE_ALL") == "1"
 

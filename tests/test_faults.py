@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from router.upstream.health import BackendHealth
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     MESSAGES,
     SdkClients,

@@ -34,7 +34,8 @@ from router.tools.loadtest import (
     mean_output_tokens,
     run_load,
 )
-from router.upstream.simulated import SimEngine, create_sim_app
+from router.upstream.simulated.app import create_sim_app
+from router.upstream.simulated.engine import SimEngine
 from tests.support import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
 
 PROMPTS = load_prompts()

@@ -31,7 +31,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from router.app import RunningGateway
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.canaries import Canaries, Seen, leaks, no_leak
 from tests.support import (
     MESSAGES,

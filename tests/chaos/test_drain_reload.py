@@ -37,7 +37,7 @@ from policies.config import SimulatedSpec
 from router.app import RunningGateway, start_gateway
 from router.config import load_config
 from router.reload import reload_file
-from router.upstream.simulated import start_simulator
+from router.upstream.simulated.app import start_simulator
 from tests.support import MESSAGES, Changes, GatewayProcess, SdkClients, assert_idle, sim_backend
 
 SEED = 20240612
