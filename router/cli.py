@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_serve(commands)
     _add_simulate(commands)
+    # The tools and the classifier declare their flags in their own modules, imported on use.
     commands.add_parser("demo", help="ten people, three slots", declare=_demo, own_errors=True)
     commands.add_parser("loadtest", help="drive a mixed workload (A/B: fallback off vs on)",
                         declare=_loadtest, own_errors=True)
@@ -29,12 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_reload(commands)
     commands.add_parser("classifier", help="train | eval the intent classifier",
                         declare=_classifier, own_errors=True)
-    config = commands.add_parser("config", help="config tools")
-    checks = config.add_subparsers(dest="config_command", required=True)
-    # `config check` reads its words itself: every one, even "--help", is a file name.
-    check = checks.add_parser("check", help="validate a config file", add_help=False,
-                              prefix_chars="\0")
-    add_check_arguments(check)
+    _add_config(commands)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     run: Callable[[argparse.Namespace], int] = args.func
     return run(args)
@@ -112,6 +108,15 @@ def _add_reload(commands: argparse._SubParsersAction[CommandParser]) -> None:
     reload.set_defaults(func=lambda args: _reload(args.url, os.environ.get(args.key_env)))
 
 
+def _add_config(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    config = commands.add_parser("config", help="config tools")
+    checks = config.add_subparsers(dest="config_command", required=True)
+    # `config check` reads its words itself: every one, even "--help", is a file name.
+    check = checks.add_parser("check", help="validate a config file", add_help=False,
+                              prefix_chars="\0")
+    add_check_arguments(check)
+
+
 def _worker_count(text: str) -> int:
     count = int(text)
     if count < 1:
@@ -178,10 +183,10 @@ _SPEC_FLAGS = {
 def _add_simulate(commands: argparse._SubParsersAction[CommandParser]) -> None:
     simulate = commands.add_parser("simulate", help="run a standalone simulated engine",
                                    own_errors=True)
-    add_simulate_arguments(simulate)
+    _simulate_arguments(simulate)
 
 
-def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
+def _simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """`slotgate simulate`'s flags, on its sub-command or on `simulate_main`'s parser."""
     parser.description = "Serve a simulated OpenAI-compatible engine."
     parser.add_argument("--host", default="127.0.0.1")
@@ -195,7 +200,7 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 def simulate_main(argv: list[str] | None = None) -> int:
     """`slotgate simulate`: a standalone simulated engine, until SIGINT or SIGTERM."""
     parser = argparse.ArgumentParser(prog="slotgate simulate")
-    add_simulate_arguments(parser)
+    _simulate_arguments(parser)
     return _simulate(parser.parse_args(argv))
 
 
