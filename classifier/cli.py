@@ -17,7 +17,14 @@ from classifier.model import LinearIntentClassifier
 
 
 def classifier_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="slotgate classifier", description=__doc__)
+    parser = argparse.ArgumentParser(prog="slotgate classifier")
+    add_arguments(parser)
+    return _run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`slotgate classifier`'s sub-commands and flags, on `router.cli`'s or our own parser."""
+    parser.description = __doc__
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from classifier/data/ and write the model")
     train.add_argument(
@@ -36,8 +43,10 @@ def classifier_main(argv: list[str]) -> int:
     predict = sub.add_parser("predict", help="classify texts given as arguments")
     predict.add_argument("texts", nargs="+")
     predict.add_argument("--model", type=Path, help="model directory (default: committed)")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=_run)
 
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "train":
             return _train(args.out)

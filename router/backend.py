@@ -18,11 +18,11 @@ from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool
 from router.upstream.pools import make_pool
 from router.upstream.proxy import Upstream
-from router.upstream.simulated import start_simulator
+from router.upstream.simulated.app import start_simulator
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
-    from router.upstream.simulated import RunningSim
+    from router.upstream.simulated.app import RunningSim
 
 
 @dataclass(slots=True)

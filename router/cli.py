@@ -5,20 +5,85 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
-from router.config import ConfigError, check_main, load_config
+from router.config import ConfigError, add_check_arguments, load_config
 from router.telemetry import logs
 from router.tools.run import Closable, run_until_signal
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="slotgate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
+    _add_serve(commands)
+    _add_simulate(commands)
+    # The tools and the classifier declare their flags in their own modules, imported on use.
+    commands.add_parser("demo", help="ten people, three slots", declare=_demo, own_errors=True)
+    commands.add_parser("loadtest", help="drive a mixed workload (A/B: fallback off vs on)",
+                        declare=_loadtest, own_errors=True)
+    commands.add_parser("report", help="cost and wait report from the ledger",
+                        declare=_report, own_errors=True)
+    _add_reload(commands)
+    commands.add_parser("classifier", help="train | eval the intent classifier",
+                        declare=_classifier, own_errors=True)
+    _add_config(commands)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    run: Callable[[argparse.Namespace], int] = args.func
+    return run(args)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser. With `declare`, its flags come from the command's own module,
+    imported only when that command is parsed (`slotgate serve` loads neither the tools nor
+    the classifier); with `own_errors`, it refuses unknown arguments with its own usage, as
+    the command run alone (`demo_main`, ...) does, rather than with the top-level usage."""
+
+    def __init__(self, *args: Any, declare: Callable[[argparse.ArgumentParser], None] | None = None,
+                 own_errors: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declare = declare
+        self._own_errors = own_errors
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        if self._declare is not None:
+            declare, self._declare = self._declare, None
+            declare(self)
+        namespace, extras = super().parse_known_args(*args, **kwargs)
+        if extras and self._own_errors:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+def _demo(parser: argparse.ArgumentParser) -> None:
+    from router.tools.demo import add_arguments
+
+    add_arguments(parser)
+
+
+def _loadtest(parser: argparse.ArgumentParser) -> None:
+    from router.tools.loadtest import add_arguments
+
+    add_arguments(parser)
+
+
+def _report(parser: argparse.ArgumentParser) -> None:
+    from router.report.cli import add_arguments
+
+    add_arguments(parser)
+
+
+def _classifier(parser: argparse.ArgumentParser) -> None:
+    from classifier.cli import add_arguments
+
+    add_arguments(parser)
+
+
+def _add_serve(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help="YAML config (default: the embedded config.yaml)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
@@ -29,51 +94,27 @@ def main(argv: list[str] | None = None) -> int:
              "coordination.mode: redis so the workers share their slot pools. A worker that "
              "dies stops the others: workers are not restarted (leave that to systemd or "
              "Kubernetes)")
-    sub.add_parser("simulate", help="run a standalone simulated engine", add_help=False)
-    sub.add_parser("demo", help="ten people, three slots", add_help=False)
-    sub.add_parser("loadtest", help="drive a mixed workload (A/B: fallback off vs on)",
-                   add_help=False)
-    sub.add_parser("report", help="cost and wait report from the ledger", add_help=False)
-    reload = sub.add_parser("reload", help="make a running gateway re-read its config file "
-                            "(as SIGHUP does); prints what changed, or every problem")
+    serve.set_defaults(func=lambda args: _serve(args.config, args.host, args.port,
+                                                args.log_level, args.workers))
+
+
+def _add_reload(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    reload = commands.add_parser("reload", help="make a running gateway re-read its config file "
+                                 "(as SIGHUP does); prints what changed, or every problem")
     reload.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway")
     reload.add_argument("--key-env", default="SLOTGATE_ADMIN_KEY", metavar="VAR",
                         help="environment variable holding an admin API key, sent when set "
                         "(needed when auth is on; default %(default)s)")
-    sub.add_parser("classifier", help="train | eval the intent classifier", add_help=False)
-    config = sub.add_parser("config", help="config tools")
-    config_sub = config.add_subparsers(dest="config_command", required=True)
-    config_sub.add_parser("check", help="validate a config file", add_help=False)
+    reload.set_defaults(func=lambda args: _reload(args.url, os.environ.get(args.key_env)))
 
-    # Subcommands that own their flags get the rest of the line untouched.
-    if argv[:1] == ["simulate"]:
-        return simulate_main(argv[1:])
-    if argv[:1] == ["demo"]:
-        from router.tools.demo import demo_main
 
-        return demo_main(argv[1:])
-    if argv[:1] == ["loadtest"]:
-        from router.tools.loadtest import loadtest_main
-
-        return loadtest_main(argv[1:])
-    if argv[:1] == ["report"]:
-        from router.report.cli import report_main
-
-        return report_main(argv[1:])
-    if argv[:1] == ["classifier"]:
-        from classifier import classifier_main
-
-        return classifier_main(argv[1:])
-    if argv[:2] == ["config", "check"]:
-        return check_main(argv[2:])
-
-    args = parser.parse_args(argv)
-    if args.command == "reload":
-        return _reload(args.url, os.environ.get(args.key_env))
-    if args.command == "serve":
-        return _serve(args.config, args.host, args.port, args.log_level, args.workers)
-    parser.print_help()
-    return 2
+def _add_config(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    config = commands.add_parser("config", help="config tools")
+    checks = config.add_subparsers(dest="config_command", required=True)
+    # `config check` reads its words itself: every one, even "--help", is a file name.
+    check = checks.add_parser("check", help="validate a config file", add_help=False,
+                              prefix_chars="\0")
+    add_check_arguments(check)
 
 
 def _worker_count(text: str) -> int:
@@ -139,16 +180,31 @@ _SPEC_FLAGS = {
 }
 
 
-def simulate_main(argv: list[str] | None = None) -> int:
-    """`slotgate simulate`: a standalone simulated engine, until SIGINT or SIGTERM."""
-    parser = argparse.ArgumentParser(prog="slotgate simulate",
-                                     description="Serve a simulated OpenAI-compatible engine.")
+def _add_simulate(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    simulate = commands.add_parser("simulate", help="run a standalone simulated engine",
+                                   own_errors=True)
+    _simulate_arguments(simulate)
+
+
+def _simulate_arguments(parser: argparse.ArgumentParser) -> None:
+    """`slotgate simulate`'s flags, on its sub-command or on `simulate_main`'s parser."""
+    parser.description = "Serve a simulated OpenAI-compatible engine."
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default="simulated")
     for flag, (dest, kind) in _SPEC_FLAGS.items():
         parser.add_argument(flag, dest=dest, type=kind)
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=_simulate)
+
+
+def simulate_main(argv: list[str] | None = None) -> int:
+    """`slotgate simulate`: a standalone simulated engine, until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="slotgate simulate")
+    _simulate_arguments(parser)
+    return _simulate(parser.parse_args(argv))
+
+
+def _simulate(args: argparse.Namespace) -> int:
     try:
         spec = SimulatedSpec(**{dest: getattr(args, dest) for dest, _ in _SPEC_FLAGS.values()
                                 if getattr(args, dest) is not None})
@@ -157,7 +213,7 @@ def simulate_main(argv: list[str] | None = None) -> int:
         return 2
 
     async def start() -> Closable:
-        from router.upstream.simulated import start_simulator
+        from router.upstream.simulated.app import start_simulator
 
         sim = await start_simulator(spec, args.model, args.host, args.port)
         print(f"slotgate simulate: {args.model} with {spec.max_num_seqs} seqs on {sim.url}",

@@ -6,6 +6,7 @@ Safe loading only; secrets are never read here (the config only names env vars).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import types
@@ -260,6 +261,12 @@ def load_config(path: str | Path | None = None) -> Config:
 def config_from_dict(data: Mapping[str, object]) -> Config:
     """Validate already-loaded data (tests, programmatic use); problems carry no lines."""
     return _validate(dict(data), None, "<dict>", [])
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """`slotgate config check`: its words go to `check_main` as they are."""
+    parser.add_argument("words", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=lambda args: check_main(args.words))
 
 
 def check_main(argv: list[str]) -> int:

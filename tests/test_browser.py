@@ -19,7 +19,7 @@ import pytest
 
 from router.app import RunningGateway
 from router.record import Phase
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     SdkClients,
     StartGateway,

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import yaml
 
 from policies.config import SimulatedSpec
-from router.upstream.simulated import RunningSim, start_simulator
+from router.upstream.simulated.app import RunningSim, start_simulator
 from tests.support import MESSAGES, GatewayProcess, RedisServer
 
 WAITERS_KEY = "{slotgate:big}:waiters"

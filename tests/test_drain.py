@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from policies.config import SimulatedSpec
-from router.upstream.simulated import start_simulator
+from router.upstream.simulated.app import start_simulator
 from tests.support import (
     MESSAGES,
     GatewayProcess,

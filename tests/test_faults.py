@@ -10,7 +10,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     MESSAGES,
     SdkClients,

@@ -22,19 +22,10 @@ from aiohttp import web
 
 from policies.config import SimulatedSpec
 from router.config import config_from_dict, load_config
-from router.tools.loadtest import (
-    LoadPlan,
-    Outcome,
-    Stats,
-    arrival_times,
-    capacity,
-    default_route,
-    load_prompts,
-    loadtest_main,
-    mean_output_tokens,
-    run_load,
-)
-from router.upstream.simulated import SimEngine, create_sim_app
+from router.tools.loadtest import capacity, default_route, loadtest_main, mean_output_tokens
+from router.tools.workload import LoadPlan, Outcome, Stats, arrival_times, load_prompts, run_load
+from router.upstream.simulated.app import create_sim_app
+from router.upstream.simulated.engine import SimEngine
 from tests.support import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
 
 PROMPTS = load_prompts()

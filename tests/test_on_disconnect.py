@@ -18,7 +18,7 @@ import pytest
 from router.app import RunningGateway
 from router.config import ConfigError, config_from_dict
 from router.record import Phase, RequestRecord
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     MESSAGES,
     SdkClients,

@@ -29,7 +29,7 @@ import pytest
 from aiohttp import web
 
 from router.app import RunningGateway
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     MESSAGES,
     StartGateway,

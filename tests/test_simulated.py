@@ -14,7 +14,8 @@ import pytest
 
 from policies.config import SimulatedSpec
 from router.cli import simulate_main
-from router.upstream.simulated import FaultMode, RunningSim, SimEngine, start_simulator
+from router.upstream.simulated.app import RunningSim, start_simulator
+from router.upstream.simulated.engine import FaultMode, SimEngine
 
 FAST = SimulatedSpec(max_num_seqs=2, ttft_s=0, tokens_per_s=0, output_tokens=5)
 CHAT = {"model": "m-public", "messages": [{"role": "user", "content": "x" * 40}]}

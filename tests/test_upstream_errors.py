@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     CHAT,
     JSON,

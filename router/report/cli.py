@@ -28,11 +28,17 @@ class ReportError(Exception):
 
 
 def report_main(argv: list[str]) -> int:
-    parser = _parser()
+    parser = argparse.ArgumentParser(prog="slotgate report")
+    add_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse's way out: --help (0) or a bad flag (2)
         return exc.code if isinstance(exc.code, int) else 2
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    parser: argparse.ArgumentParser = args.parser
     now = time.time()
     try:
         where = RowFilter(
@@ -60,9 +66,10 @@ def report_main(argv: list[str]) -> int:
     return _output(args, report)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slotgate report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`slotgate report`'s flags, on its sub-command or on `report_main`'s parser."""
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--config", help="YAML config (default: the embedded config.yaml); "
                                          "names the ledger and the currency")
     parser.add_argument("--ledger", metavar="PATH_OR_URL",
@@ -79,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--csv", action="store_true", help="print one CSV line per group")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML page")
-    return parser
+    parser.set_defaults(func=_run, parser=parser)
 
 
 def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:

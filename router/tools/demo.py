@@ -363,17 +363,27 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if demo.count(State.ERROR) else 0
 
 
-def demo_main(argv: list[str], out: TextIO | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slotgate demo", description="ten people, three slots")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`slotgate demo`'s flags, on its sub-command or on `demo_main`'s parser."""
+    parser.description = "ten people, three slots"
     parser.add_argument("--url", help="a running gateway (default: start the embedded config)")
     parser.add_argument("--model", default="llama-70b", help="the public route name to ask for")
     parser.add_argument("--requests", type=int, default=10, help="how many concurrent streams")
     parser.add_argument("--max-tokens", type=int, default=60)
     parser.add_argument("--no-live", action="store_true", help="print only the summary")
     parser.add_argument("--seed", type=int, help="fixes the mix of prompts")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=_run, parser=parser)
+
+
+def demo_main(argv: list[str], out: TextIO | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slotgate demo")
+    add_arguments(parser)
+    return _run(parser.parse_args(argv), out)
+
+
+def _run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.requests < 1 or args.max_tokens < 1:
-        parser.error("--requests and --max-tokens must be at least 1")
+        args.parser.error("--requests and --max-tokens must be at least 1")
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(_main(args, out or sys.stdout))

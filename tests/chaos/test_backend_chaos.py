@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from policies.breaker import BreakerState, CircuitBreaker
-from router.upstream.simulated import FaultMode, SimEngine
+from router.upstream.simulated.engine import FaultMode, SimEngine
 from tests.support import (
     MESSAGES,
     Changes,

@@ -25,7 +25,7 @@ import yaml
 from openai import AsyncOpenAI
 
 from policies.config import SimulatedSpec
-from router.upstream.simulated import start_simulator
+from router.upstream.simulated.app import start_simulator
 from tests.support import (
     MESSAGES,
     Changes,

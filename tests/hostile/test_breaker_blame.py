@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from policies.breaker import BreakerState
-from router.upstream.simulated import FaultMode
+from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     MESSAGES,
     SdkClients,

@@ -26,7 +26,7 @@ from policies.slots import SlotPool
 from router.app import RunningGateway
 from router.ledger.base import LedgerRow, RowFilter
 from router.ledger.open import open_store
-from router.upstream.simulated import SimEngine
+from router.upstream.simulated.engine import SimEngine
 
 REQUIRE_ALL = os.environ.get("SLOTGATE_REQUIRE_ALL") == "1"
 

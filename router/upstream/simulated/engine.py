@@ -1,7 +1,6 @@
-"""An OpenAI-compatible simulated LLM engine: the embedded default backend and the test double.
-
-Continuous batching over `max_num_seqs` sequences with TTFT, prefill and decode timing, plus
-test controls (hold/release, injected faults, per-request records). It never logs content.
+"""The simulated engine's model: continuous batching over `max_num_seqs` sequences with TTFT,
+prefill and decode timing, plus test controls (hold/release, injected faults, per-request
+records). It writes the answers; `router.upstream.simulated.app` serves it. It never logs content.
 """
 
 from __future__ import annotations
@@ -9,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import itertools
 import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
@@ -56,7 +54,9 @@ class SimRecord:
 
 
 @dataclass(slots=True, frozen=True)
-class _Plan:
+class Plan:
+    """What one request asks of the engine, read from its body by the app."""
+
     chat: bool
     model: str
     stream: bool
@@ -200,7 +200,7 @@ class SimEngine:
             finally:
                 self.held -= 1
 
-    def _begin(self, request: web.Request, plan: _Plan) -> SimRecord:
+    def _begin(self, request: web.Request, plan: Plan) -> SimRecord:
         rid = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
         rec = SimRecord(rid, plan.stream, plan.prompt_tokens, 0, time.monotonic())
         if len(self.records) >= _MAX_RECORDS:
@@ -212,7 +212,7 @@ class SimEngine:
         self._changed()
         return rec
 
-    async def _serve(self, request: web.Request, plan: _Plan) -> web.StreamResponse:
+    async def serve(self, request: web.Request, plan: Plan) -> web.StreamResponse:
         rec = self._begin(request, plan)
         resp: web.StreamResponse | None = None
         try:
@@ -220,9 +220,10 @@ class SimEngine:
                 return _abort(request)
             if rec.fault is FaultMode.ERROR_500:
                 self.sick = True
-                return _error(500, "simulated backend failure", "server_error")
+                return error_response(500, "simulated backend failure", "server_error")
             if rec.fault is FaultMode.REQUEST_500:
-                return _error(500, "simulated failure on this request's input", "server_error")
+                return error_response(500, "simulated failure on this request's input",
+                                      "server_error")
             if rec.fault is FaultMode.HANG:
                 await asyncio.get_running_loop().create_future()
             if plan.stream:
@@ -253,7 +254,7 @@ class SimEngine:
             self._changed()
 
     async def _generate(
-        self, request: web.Request, rec: SimRecord, plan: _Plan, stream: web.StreamResponse | None
+        self, request: web.Request, rec: SimRecord, plan: Plan, stream: web.StreamResponse | None
     ) -> bytes | None:
         """Emit the tokens, one write each on a stream; return the rest of the answer.
 
@@ -306,7 +307,7 @@ class SimEngine:
         return orjson.dumps(answer)
 
 
-def _frames(plan: _Plan, rid: str, created: int, finish: str) -> tuple[bytes, bytes, bytes, bytes]:
+def _frames(plan: Plan, rid: str, created: int, finish: str) -> tuple[bytes, bytes, bytes, bytes]:
     """Fixed bytes around each token's JSON string, so a chunk costs two concatenations."""
     obj = b"chat.completion.chunk" if plan.chat else b"text_completion"
     start = b'data: {"id":%s,"object":"%s","created":%d,"model":%s,"choices":[{"index":0,' % (
@@ -329,137 +330,6 @@ def _abort(request: web.Request) -> web.StreamResponse:
     return web.Response()
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
+def error_response(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
-
-
-def _chars(value: object) -> int:
-    """Characters of text in a content or prompt value; a token id counts as 4."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):  # a content part: only text parts count
-        return _chars(value.get("text")) if value.get("type") == "text" else 0
-    if isinstance(value, list):
-        return sum(_chars(v) for v in value)
-    return 4 if isinstance(value, int) else 0
-
-
-def _plan(body: object, chat: bool, default_model: str) -> _Plan:
-    if not isinstance(body, dict):
-        raise ValueError("the request body must be a JSON object")
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("'messages' must be a non-empty list")
-        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str | list) or not prompt:
-            raise ValueError("'prompt' must be a string or a non-empty list")
-        chars = _chars(prompt)
-    model = body.get("model") or default_model
-    if not isinstance(model, str):
-        raise ValueError("'model' must be a string")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
-        raise ValueError("'max_tokens' must be a positive integer")
-    options = body.get("stream_options")
-    usage = isinstance(options, dict) and options.get("include_usage") is True
-    return _Plan(chat, model, body.get("stream") is True, usage, max(1, chars // 4), max_tokens)
-
-
-SIM_ENGINE = web.AppKey("sim_engine", SimEngine)
-
-
-async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
-    engine = request.app[SIM_ENGINE]
-    try:
-        plan = _plan(orjson.loads(await request.read()), chat, engine.model)
-    except orjson.JSONDecodeError:
-        return _error(400, "the request body is not valid JSON")
-    except ValueError as exc:
-        return _error(400, str(exc))
-    return await engine._serve(request, plan)
-
-
-async def _models(request: web.Request) -> web.Response:
-    engine = request.app[SIM_ENGINE]
-    if engine.sick:  # the failure that made a request 500 shows in the health check too
-        engine.sick = False
-        return _error(503, "simulated backend failure", "server_error")
-    model = {"id": engine.model, "object": "model", "created": 0,
-             "owned_by": "slotgate-simulated"}
-    return _json({"object": "list", "data": [model]})
-
-
-async def _control(request: web.Request) -> web.Response:
-    engine = request.app[SIM_ENGINE]
-    action = request.match_info["action"]
-    try:
-        raw = await request.read()
-        body = orjson.loads(raw) if raw else {}
-        if not isinstance(body, dict):
-            raise ValueError("the request body must be a JSON object")
-        if action == "hold":
-            engine.hold(int(body.get("after_tokens", 0)))
-        elif action == "fault":
-            engine.inject_fault(FaultMode(str(body.get("mode"))), int(body.get("count", 1)))
-    except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
-        return _error(400, str(exc))
-    if action == "release":
-        engine.release()
-    elif action == "reset":
-        engine.reset()
-    return _json(engine.stats())
-
-
-async def _inspect(request: web.Request) -> web.Response:
-    engine = request.app[SIM_ENGINE]
-    if request.match_info["what"] == "stats":
-        return _json(engine.stats())
-    return _json(list(engine.records.values()))
-
-
-def _json(obj: object) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), content_type="application/json")
-
-
-def create_sim_app(engine: SimEngine) -> web.Application:
-    app = web.Application()
-    app[SIM_ENGINE] = engine
-    app.router.add_post("/v1/chat/completions", functools.partial(_completion, chat=True))
-    app.router.add_post("/v1/completions", functools.partial(_completion, chat=False))
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get(r"/sim/{what:stats|requests}", _inspect)
-    app.router.add_post(r"/sim/{action:hold|release|fault|reset}", _control)
-    return app
-
-
-@dataclass
-class RunningSim:
-    engine: SimEngine
-    url: str
-    runner: web.AppRunner = field(repr=False)
-
-    async def close(self) -> None:
-        self.engine.release()
-        await self.runner.cleanup()
-
-
-async def start_simulator(
-    spec: SimulatedSpec, model: str, host: str = "127.0.0.1", port: int = 0
-) -> RunningSim:
-    engine = SimEngine(spec, model)
-    # a short shutdown timeout: in-flight simulated generations are not worth waiting for
-    runner = web.AppRunner(create_sim_app(engine), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port, backlog=1024).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound_host, bound_port = runner.addresses[0][:2]
-    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    return RunningSim(engine, f"http://{shown}:{bound_port}", runner)

@@ -1,0 +1,1 @@
+"""An OpenAI-compatible simulated LLM engine: its scheduling model (engine) and its HTTP app."""
