@@ -1,18 +1,25 @@
-"""May a request that would wait for the primary go to a fallback instead?  Pure.
+"""Which backend next, in one pure place.  No I/O, no clock.
 
-Inputs are facts: the request's intent, its probability of being simple, its size;
-each pool's snapshot and context window; the route's fallback rule. The output is
+Steering (`decide`): may a request that would wait for the primary go to a fallback
+instead? Inputs are facts: the request's intent, its probability of being simple, its
+size; each pool's snapshot and context window; the route's fallback rule. The output is
 `Move(pool, reason)` or `Stay(why)`. `Stay.movable` says the request qualified but no
 fallback had room: it may leave the primary's queue when a fallback slot frees.
+
+Failover (`lead`, `without`, `retry_on`): where a request goes when some of its route's
+backends are sick. Inputs are the route, its full chain (primary, then fallbacks, as
+configured), each backend's `Standing` at one instant, and the retries in flight. The
+caller takes the snapshot, asks here, then takes the probe of the backend chosen (when
+the answer says so) with no await in between, so the snapshot still holds.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.config import FallbackWhen, RouteFallbackConfig
+from policies.config import FallbackWhen, Overflow, RouteConfig, RouteFallbackConfig
 from policies.eta import queue_wait_s
 from policies.slots import PoolSnapshot
 
@@ -101,3 +108,81 @@ def estimate_tokens(text_chars: int, text_bytes: int) -> int:
     """
     multibyte = text_bytes - text_chars  # two extra bytes per CJK character
     return max(1, text_chars // 4 + multibyte // 2)
+
+
+# Retries in flight may be about a fifth of the requests running, at least 3: a sick
+# backend cannot double the load on the healthy ones.
+RETRY_SHARE, RETRY_MIN = 0.2, 3
+
+
+class Standing(enum.StrEnum):
+    UP = "up"  # breaker closed, not waiting out a 429
+    PROBE = "probe"  # breaker open, its probe is due: the next request may be the probe
+    DOWN = "down"  # breaker open (probe not due), or waiting out a 429's Retry-After
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Admit on `route`; `takes_probe`: its primary is open and this request is the probe."""
+
+    route: RouteConfig
+    takes_probe: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """Nothing on the route takes new work; `backend` is the one the 503 names."""
+
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Retry on `backend`; `takes_probe`: it is open and this retry is its probe."""
+
+    backend: str
+    takes_probe: bool = False
+
+
+def lead(route: RouteConfig, chain: Sequence[str],
+         standing: Mapping[str, Standing]) -> Plan | Unavailable:
+    """The route to admit on. A sick primary gives way to the chain's first backend that is
+    up (the others up behind it, overflowing to them), unless its probe is due: then this
+    request is the probe. A backend whose probe is due never leads in another's place."""
+    primary = standing[route.primary]
+    if primary is not Standing.DOWN:
+        return Plan(route, takes_probe=primary is Standing.PROBE)
+    healthy = [name for name in chain
+               if name != route.primary and standing[name] is Standing.UP]
+    if not healthy:
+        return Unavailable(route.primary)
+    return Plan(route.model_copy(update={"primary": healthy[0], "fallbacks": tuple(healthy[1:]),
+                                         "overflow": Overflow.FALLBACK}))
+
+
+def without(route: RouteConfig, name: str) -> RouteConfig | None:
+    """`route` minus the backend `name` (None when nothing would be left)."""
+    chain = [b for b in (route.primary, *route.fallbacks) if b != name]
+    if not chain:
+        return None
+    return route.model_copy(update={"primary": chain[0], "fallbacks": tuple(chain[1:]),
+                                    "overflow": Overflow.FALLBACK})
+
+
+def retry_budget_left(retrying: int, running: int) -> bool:
+    """May one more retry start, with `retrying` in flight among `running` requests?"""
+    return retrying < max(RETRY_MIN, int(RETRY_SHARE * running))
+
+
+def retry_on(chain: Sequence[str], failed_on: str, standing: Mapping[str, Standing],
+             retrying: int, running: int) -> Retry | None:
+    """Where a request that failed on `failed_on` before its first byte goes next: the first
+    backend after it in the chain that takes work (up, or its probe due). None when there
+    is none (`failed_on` last, or not in the chain) or the retry budget is spent."""
+    if failed_on not in chain or not retry_budget_left(retrying, running):
+        return None
+    later = chain[chain.index(failed_on) + 1:]
+    after = next((name for name in later if standing[name] is not Standing.DOWN), None)
+    if after is None:
+        return None
+    return Retry(after, takes_probe=standing[after] is Standing.PROBE)

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
-from policies import failover
+from policies import fallback
 from policies.admission import RejectReason
 from policies.config import RouteConfig
 from policies.failures import FailureKind
@@ -157,12 +157,12 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 
 async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
     """Admit on the route's first backend that takes work, serve, and retry a failure
-    before the first byte on the next one (`policies.failover` decides which)."""
+    before the first byte on the next one (`policies.fallback` decides which)."""
     health, retry_min = ex.gw.health, ex.config.server.retry_after_min_s
     chain = [route.primary, *route.fallbacks]
     while True:
-        plan = failover.lead(route, chain, health.standing(chain))
-        if isinstance(plan, failover.Unavailable):
+        plan = fallback.lead(route, chain, health.standing(chain))
+        if isinstance(plan, fallback.Unavailable):
             raise health.unavailable(plan.backend, chain, retry_min)
         if plan.takes_probe:
             health.take_probe(plan.route.primary)
@@ -171,7 +171,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             lease = await admit(ex, parsed, route)
             break
         except BackendOpened as opened:  # its breaker opened while we queued: on to
-            rest = failover.without(route, opened.args[0])  # the rest of the route
+            rest = fallback.without(route, opened.args[0])  # the rest of the route
             if rest is None:
                 raise health.unavailable(opened.args[0], chain, retry_min) from None
             route = rest
@@ -183,7 +183,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             # the answer has begun.
             if not retryable(failure) or ex.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                 raise
-            retry = failover.retry_on(chain, lease.pool, health.standing(chain),
+            retry = fallback.retry_on(chain, lease.pool, health.standing(chain),
                                       health.retrying, ex.gw.running)
             if retry is None:
                 raise

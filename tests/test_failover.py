@@ -1,5 +1,6 @@
-"""failover: the route a request is admitted on, a route without a backend that opened,
-the backend a failed request is retried on; and the standing snapshot they read."""
+"""Failover (policies.fallback): the route a request is admitted on, a route without a
+backend that opened, the backend a failed request is retried on; and the standing
+snapshot they read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from policies.breaker import BreakerState, CircuitBreaker
 from policies.config import Overflow, RouteConfig
-from policies.failover import (
+from policies.fallback import (
     RETRY_MIN,
     Plan,
     Retry,

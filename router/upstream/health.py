@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from policies import failures
 from policies.breaker import Blame, BreakerState, CircuitBreaker, confirmed_failures
 from policies.config import BackendConfig
-from policies.failover import Standing
+from policies.fallback import Standing
 from router.openai_api import ApiError
 from router.upstream.failures import UpstreamFailure
 
@@ -142,7 +142,7 @@ class BackendHealth:
         return max(0.0, self._cool_until.get(name, 0.0) - time.monotonic())
 
     def standing(self, names: Iterable[str]) -> Mapping[str, Standing]:
-        """Each backend's standing now, for `policies.failover` (nothing changes: a due
+        """Each backend's standing now, for `policies.fallback` (nothing changes: a due
         probe stays due until `take_probe`)."""
         return {name: self._standing(name) for name in names}
 
