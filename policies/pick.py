@@ -16,6 +16,7 @@ not, nothing better is to be had.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from policies.prefix import NO_MATCH, Match
 
 EPSILON = 0.25  # a replica may run a quarter more than the mean before affinity yields
+_MASK = (1 << 64) - 1
 
 
 class PickMode(enum.StrEnum):
@@ -77,15 +79,26 @@ def session_key(header: str | None, user: object) -> str | None:
     return user if isinstance(user, str) and user else None
 
 
-def _weight(key: bytes, name: str) -> bytes:
-    return hashlib.blake2b(name.encode(), digest_size=8, key=key).digest()
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest())
+
+
+_name_digest = functools.lru_cache(maxsize=1024)(_digest)  # replica names recur every pick
+
+
+def _weight(seed: int, name: str) -> int:
+    """A name's weight for a session: splitmix64's finalizer over the two digests."""
+    value = seed ^ _name_digest(name)
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EB & _MASK
+    return value ^ (value >> 31)
 
 
 def rendezvous(key: str, names: Sequence[str]) -> str:
     """Highest-random-weight hashing: the name `key` ranks first among `names` (not empty).
-    A name leaving the set moves only the keys it held; a new one takes only its share."""
-    secret = hashlib.blake2b(key.encode(), digest_size=32).digest()
-    return max(names, key=lambda name: (_weight(secret, name), name))
+    A name leaving the set moves only the keys it held; a new one takes only its share.
+    Stable across processes: every gateway worker sends a session to the same replica."""
+    return max(names, key=functools.partial(_weight, _digest(key)))
 
 
 def bound(replicas: Sequence[Replica], tokens: int, epsilon: float) -> float:
@@ -95,19 +108,12 @@ def bound(replicas: Sequence[Replica], tokens: int, epsilon: float) -> float:
     return (1 + epsilon) * (sum(healthy) + tokens) / max(len(healthy), 1)
 
 
-def _score(replica: Replica, tokens: int) -> tuple[float, float, str]:
-    """Least first: load with the request, weighed by KV pressure; then pressure, name."""
-    return ((replica.load_tokens + tokens) * (1 + replica.penalty), replica.penalty,
-            replica.name)
-
-
-def least_loaded(free: Sequence[Replica], tokens: int, cap: float) -> Replica:
-    """The least loaded (by `_score`) of the replicas in `free` (not empty) within `cap`;
-    when none is within it, the one with the least load."""
-    within = [r for r in free if r.load_tokens + tokens <= cap]
-    if within:
-        return min(within, key=lambda r: _score(r, tokens))
-    return min(free, key=lambda r: (r.load_tokens, r.penalty, r.name))
+def _lightest(free: Sequence[Replica], tokens: int, cap: float) -> Replica:
+    """The replica of `free` within `cap` with the least load weighed by its KV pressure;
+    then the least pressure, the lowest name. The least loaded free replica is always
+    within `cap`: never empty."""
+    return min((r for r in free if r.load_tokens + tokens <= cap),
+               key=lambda r: ((r.load_tokens + tokens) * (1 + r.penalty), r.penalty, r.name))
 
 
 def pick(replicas: Sequence[Replica], tokens: int, *, mode: PickMode = PickMode.AFFINITY,
@@ -121,21 +127,21 @@ def pick(replicas: Sequence[Replica], tokens: int, *, mode: PickMode = PickMode.
     A replica affinity or the turn would choose gives way to the least loaded one within
     the bound (reason BOUND) when it is over the bound and another is not.
     """
-    free = [r for r in replicas if r.free]
+    free = [r for r in replicas if r.healthy and r.active < r.slots]
     if not free:
         return None
     # Never below the least loaded free replica: when all are over the bound, the
     # preferred one may stay if no other is lighter.
-    cap = max(bound(replicas, tokens, epsilon),
-              min(r.load_tokens for r in free) + tokens)
+    cap = max(bound(replicas, tokens, epsilon), min(r.load_tokens for r in free) + tokens)
     preferred, reason = _preferred(replicas, free, mode, prefix, session, cursor)
     if preferred is None:
-        chosen, reason = least_loaded(free, tokens, cap), PickReason.LEAST_LOADED
+        chosen = _lightest(free, tokens, cap)
     elif preferred.load_tokens + tokens <= cap:
         chosen = preferred
     else:
-        chosen, reason = least_loaded(free, tokens, cap), PickReason.BOUND
-    return Pick(chosen.name, reason, replicas.index(chosen) + 1)
+        chosen, reason = _lightest(free, tokens, cap), PickReason.BOUND
+    position = next(i for i, replica in enumerate(replicas) if replica is chosen)
+    return Pick(chosen.name, reason, position + 1)
 
 
 def _preferred(replicas: Sequence[Replica], free: Sequence[Replica], mode: PickMode,

@@ -91,14 +91,13 @@ def block_hashes(text: str, block_bytes: int = BLOCK_BYTES) -> list[bytes]:
     """The chained hash of each full block of `text`'s UTF-8 bytes: entry i names the
     prefix of i + 1 blocks, so two texts share their leading hashes exactly as long as
     they share their leading blocks."""
-    data = memoryview(text.encode())
+    data = text.encode()
     hashes: list[bytes] = []
     previous = b""
     blake2b = hashlib.blake2b
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
-        step = blake2b(previous, digest_size=DIGEST_BYTES)
-        step.update(data[start:start + block_bytes])
-        previous = step.digest()
+        previous = blake2b(previous + data[start:start + block_bytes],
+                           digest_size=DIGEST_BYTES).digest()
         hashes.append(previous)
     return hashes
 

@@ -42,7 +42,7 @@ def down(name: str, load: int = 0) -> Replica:
     return r(name, load, healthy=False)
 
 
-# "alice" ranks c, a, b; "dave" ranks c, b, a; "bob" ranks a first (rendezvous over a, b, c).
+# "carol" ranks c, a, b; "bob" ranks c, b, a; "alice" ranks a first (rendezvous over a, b, c).
 ABC = [r("a"), r("b"), r("c")]
 
 
@@ -72,7 +72,7 @@ ABC = [r("a"), r("b"), r("c")]
         # Prefix: the replica holding the longest prefix, though not the least loaded.
         ([r("a", 100), r("b", 120)], 10, {"prefix": Match("b", 3)}, ("b", PREFIX)),
         # ... ahead of the session's replica.
-        (ABC, 10, {"prefix": Match("a", 1), "session": "alice"}, ("a", PREFIX)),
+        (ABC, 10, {"prefix": Match("a", 1), "session": "carol"}, ("a", PREFIX)),
         # An idle group: every replica is the least loaded, affinity holds.
         (ABC, 1000, {"prefix": Match("b", 1)}, ("b", PREFIX)),
         # Bound: b with the request (1010) over 1.25 x mean (1010 / 2): least loaded instead.
@@ -96,28 +96,28 @@ ABC = [r("a"), r("b"), r("c")]
         ([r("a", 50), busy("b")], 10, {"prefix": Match("b", 4)}, ("a", LEAST_LOADED)),
         ([r("a", 50), down("b")], 10, {"prefix": Match("b", 4)}, ("a", LEAST_LOADED)),
         ([r("a", 50), r("b")], 10, {"prefix": Match("z", 4)}, ("b", LEAST_LOADED)),
-        ([r("a"), busy("b"), r("c")], 10, {"prefix": Match("b", 4), "session": "alice"},
+        ([r("a"), busy("b"), r("c")], 10, {"prefix": Match("b", 4), "session": "carol"},
          ("c", SESSION)),
         # No prefix known: NO_MATCH, or a match of no block, is ignored.
         ([r("a", 50), r("b")], 10, {"prefix": NO_MATCH}, ("b", LEAST_LOADED)),
         ([r("a", 50), r("b")], 10, {"prefix": Match("a", 0)}, ("b", LEAST_LOADED)),
         # Session: the key's replica, the next of its ranking when that one is busy.
-        (ABC, 10, {"session": "alice"}, ("c", SESSION)),
-        (ABC, 10, {"session": "bob"}, ("a", SESSION)),
-        ([r("a"), r("b"), busy("c")], 10, {"session": "alice"}, ("a", SESSION)),
-        ([r("a"), r("b"), down("c")], 10, {"session": "dave"}, ("b", SESSION)),
+        (ABC, 10, {"session": "carol"}, ("c", SESSION)),
+        (ABC, 10, {"session": "alice"}, ("a", SESSION)),
+        ([r("a"), r("b"), busy("c")], 10, {"session": "carol"}, ("a", SESSION)),
+        ([r("a"), r("b"), down("c")], 10, {"session": "bob"}, ("b", SESSION)),
         # ... subject to the bound like a prefix.
-        ([r("a", 0), r("b", 0), r("c", 500)], 10, {"session": "alice"}, ("a", BOUND)),
+        ([r("a", 0), r("b", 0), r("c", 500)], 10, {"session": "carol"}, ("a", BOUND)),
         # least_loaded ignores prefix and session.
         ([r("a", 100), r("b", 120)], 10, {"mode": LEAST, "prefix": Match("b", 3),
-                                          "session": "dave"}, ("a", LEAST_LOADED)),
+                                          "session": "bob"}, ("a", LEAST_LOADED)),
         # Round robin: from the cursor on, in snapshot order, wrapping, skipping the busy.
         (ABC, 10, {"mode": ROBIN}, ("a", ROUND_ROBIN)),
         (ABC, 10, {"mode": ROBIN, "cursor": 1}, ("b", ROUND_ROBIN)),
         (ABC, 10, {"mode": ROBIN, "cursor": 5}, ("c", ROUND_ROBIN)),
         ([r("a"), busy("b"), down("c")], 10, {"mode": ROBIN, "cursor": 1},
          ("a", ROUND_ROBIN)),
-        ([r("a"), r("b")], 10, {"mode": ROBIN, "prefix": Match("b", 1), "session": "alice"},
+        ([r("a"), r("b")], 10, {"mode": ROBIN, "prefix": Match("b", 1), "session": "carol"},
          ("a", ROUND_ROBIN)),
         # ... and the bound: its turn too hot, the least loaded instead.
         ([r("a", 1000), r("b", 0)], 10, {"mode": ROBIN}, ("b", BOUND)),
@@ -148,9 +148,9 @@ def test_the_bound_is_the_healthy_mean_with_the_request_times_one_plus_epsilon()
 
 
 def test_session_key_is_the_header_else_the_user() -> None:
-    assert session_key("s-1", "alice") == "s-1"
-    assert session_key(None, "alice") == "alice"
-    assert session_key("", "alice") == "alice"
+    assert session_key("s-1", "carol") == "s-1"
+    assert session_key(None, "carol") == "carol"
+    assert session_key("", "carol") == "carol"
     assert session_key(None, "") is None
     assert session_key(None, 42) is None
     assert session_key(None, None) is None
