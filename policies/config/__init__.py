@@ -15,7 +15,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from policies.config.auth import ApiKeyConfig, AuthConfig, BudgetConfig, Public
 from policies.config.backends import (
+    AffinityConfig,
     BackendConfig,
+    EndpointConfig,
     NonNegativeMoney,
     PriceConfig,
     SimulatedSpec,
@@ -55,6 +57,7 @@ __all__ = [
     "COMPLEX_INTENTS",
     "CROSS_REFERENCE",
     "SIMPLE_INTENTS",
+    "AffinityConfig",
     "ApiKeyConfig",
     "ArmConfig",
     "ArmFallbackConfig",
@@ -64,6 +67,7 @@ __all__ = [
     "Config",
     "CoordinationConfig",
     "CoordinationMode",
+    "EndpointConfig",
     "ExperimentConfig",
     "FallbackWhen",
     "Intent",
