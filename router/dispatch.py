@@ -36,6 +36,7 @@ from router.openai_api import (
     read_body,
     upstream_body,
 )
+from router.placement import placed, unplaced
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.request.access_log import log_refused
 from router.request.accounting import settle
@@ -200,16 +201,18 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
 
 
 async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
-    """Forward on `lease`'s backend; the slot is released on every path."""
+    """Forward on `lease`'s backend and replica; the slot is released on every path."""
     ex.rec.slot_at = time.perf_counter()
-    ex.rec.backend = lease.pool
+    ex.rec.backend, ex.rec.replica = lease.pool, lease.replica
+    backend = ex.gw.backends[lease.pool]
+    work = placed(backend, lease, ex.place) if backend.grouped else 0
     try:
         ex.rec.phase = Phase.BEFORE_FIRST_BYTE
         lost = lease.lost()
         if lost is None:
-            response = await forward_on(ex, parsed, lease.pool)
+            response = await forward_on(ex, parsed, lease)
         else:
-            response = await forward_while_held(ex, parsed, lease.pool, lost)
+            response = await forward_while_held(ex, parsed, lease, lost)
         ex.gw.health.succeeded(lease.pool)
         return response
     except UpstreamFailure as failure:
@@ -224,14 +227,15 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         held_s = lease.held_s
         ex.rec.slot_ms = held_s * 1000
         ex.gw.metrics.held(lease.pool, held_s)
+        if work:
+            unplaced(backend, lease, work)
         await lease.release()
 
 
-
-async def forward_while_held(ex: Exchange, parsed: ParsedRequest, backend: str,
+async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
                              lost: asyncio.Future[None]) -> web.StreamResponse:
     """Forward, but stop (the engine aborts) if the shared slot is taken away."""
-    forwarding = asyncio.ensure_future(forward_on(ex, parsed, backend))
+    forwarding = asyncio.ensure_future(forward_on(ex, parsed, lease))
     either: set[asyncio.Future[Any]] = {forwarding, lost}
     try:
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
@@ -248,11 +252,12 @@ async def forward_while_held(ex: Exchange, parsed: ParsedRequest, backend: str,
 
 
 
-async def forward_on(ex: Exchange, parsed: ParsedRequest, backend: str) -> web.StreamResponse:
-    """One attempt on `backend`, its progress recorded whatever the way it ends."""
+async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
+    """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
     rec = ex.rec
-    upstream = ex.gw.backends[backend].upstream
-    start = start_frame(backend, rec.reason, rec.queue_wait_ms, ex.wants_events(parsed))
+    upstream = ex.gw.backends[lease.pool].replicas[lease.replica].upstream
+    start = start_frame(lease.pool, rec.reason, rec.queue_wait_ms, ex.wants_events(parsed),
+                        rec.replica)
     preamble = b""
     if ex.response is not None:
         await ex.send(start)

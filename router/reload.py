@@ -40,7 +40,11 @@ def restart_only(old: Config, new: Config) -> list[str]:
         problems.append("ledger changes only with a restart")
     for name, backend in new.backends.items():
         before = old.backends.get(name)
-        if before is not None and before.simulated != backend.simulated:
+        if before is None:
+            continue
+        engines = {e.name: e.simulated for e in before.replicas(name)}
+        if any(e.name in engines and engines[e.name] != e.simulated
+               for e in backend.replicas(name)):
             problems.append(f"backends.{name}: a simulated engine changes only with a restart")
     return problems
 
@@ -73,7 +77,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
             continue
         if backend == old.backends.get(name):
             continue
-        gw.backends[name].change(backend)
+        await gw.backends[name].change(backend)
         gw.health.add(name, backend)  # new breaker settings; its count starts again
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"

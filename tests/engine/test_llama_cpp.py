@@ -300,7 +300,7 @@ async def test_an_abandoned_non_stream(
     keeps the slot until the engine's answer ends, and the next request waits in line."""
     gw = await start(engine_config(idle, on_disconnect=setting))
     client = connect(gw)
-    upstream, tokens = gw.gateway.backends["big"].upstream, 160
+    upstream, tokens = gw.gateway.backends["big"].first().upstream, 160
     leaver = asyncio.create_task(client.chat.completions.create(
         model="chat", messages=ASK, max_tokens=tokens, logit_bias=NO_EOS,
         extra_headers={"X-Request-Id": rid("leaver")}))
