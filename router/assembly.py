@@ -26,6 +26,16 @@ async def add_backend(gw: Gateway, name: str, config: BackendConfig) -> None:
                                                      gw.coordinator)
     gw.metrics.watch(backend.pool)
     gw.health.add(name, config)
+    watch_replicas(gw, name)
+
+
+def watch_replicas(gw: Gateway, name: str) -> None:
+    """A breaker for each replica of a group (a group of one has the backend's alone)."""
+    backend = gw.backends[name]
+    if backend.grouped:
+        for replica in backend.replicas.values():
+            if not replica.retired:
+                gw.replica_health.add(name, replica.name, backend.config, backend.pool)
 
 
 async def health_check(gw: Gateway, name: str) -> bool:
@@ -35,6 +45,11 @@ async def health_check(gw: Gateway, name: str) -> bool:
         if not replica.retired and await _answers(replica.upstream):
             return True
     return False
+
+
+async def replica_check(gw: Gateway, name: str, replica: str) -> bool:
+    """Does this replica answer GET /v1/models with 200 within its connect timeout?"""
+    return await _answers(gw.backends[name].replicas[replica].upstream)
 
 
 async def _answers(upstream: Upstream) -> bool:

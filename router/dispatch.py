@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from classifier.text import request_text
 from policies import fallback
 from policies.admission import RejectReason
+from policies.breaker import Blame
 from policies.config import RouteConfig
 from policies.failures import FailureKind
 from policies.slots import Lease, PoolUnavailable
@@ -44,7 +45,7 @@ from router.request.usage import CLIENT_CLOSED, count_tokens
 from router.sse import start_frame
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import Forwarding
-from router.upstream.health import BackendOpened, parse_retry_after, retryable
+from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
 from router.upstream.proxy import Attempt, ClientGone, forward
 from router.waiting import admit, admit_to
 
@@ -184,8 +185,10 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             # the answer has begun.
             if not retryable(failure) or ex.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                 raise
+            ex.failed_on.append(lease.replica)
             retry = fallback.retry_on(chain, lease.pool, health.standing(chain),
-                                      health.retrying, ex.gw.running)
+                                      health.retrying, ex.gw.running,
+                                      sibling=_sibling(ex, lease))
             if retry is None:
                 raise
             if retry.takes_probe:
@@ -198,6 +201,13 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             raise health.unavailable(retry.backend, chain, retry_min) from None
         finally:
             health.retrying -= 1
+
+
+def _sibling(ex: Exchange, lease: Lease) -> bool:
+    """Has `lease`'s backend another replica, not yet tried, that takes work?"""
+    backend = ex.gw.backends[lease.pool]
+    return backend.grouped and any(seat.healthy and seat.name not in ex.failed_on
+                                   for seat in backend.pool.seats())
 
 
 async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
@@ -214,11 +224,17 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         else:
             response = await forward_while_held(ex, parsed, lease, lost)
         ex.gw.health.succeeded(lease.pool)
+        if backend.grouped:
+            ex.gw.replica_health.succeeded(lease.pool, lease.replica)
         return response
     except UpstreamFailure as failure:
-        # The engine's faults only; an unsure one waits for the backend's health check
-        # with the slot held, so that a failing engine's queue moves before it frees.
-        await ex.gw.health.report(lease.pool, failure)
+        # The engine's faults only: a group's against the replica; an unsure one waits for
+        # the backend's health check with the slot held, so that a failing engine's queue
+        # moves before it frees.
+        if backend.grouped and blame(failure) is Blame.ENGINE:
+            ex.gw.replica_health.report(lease.pool, lease.replica, failure)
+        else:
+            await ex.gw.health.report(lease.pool, failure)
         if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour
             ex.gw.health.throttle(  # its Retry-After
                 lease.pool, parse_retry_after(failure.headers.get("Retry-After")))

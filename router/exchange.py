@@ -29,8 +29,8 @@ from router.upstream.proxy import ClientGone
 class Exchange:
     """One request's state, from its head to its record."""
 
-    __slots__ = ("config", "facts", "gw", "hold", "parsed", "place", "priority", "rec",
-                 "request", "response")
+    __slots__ = ("config", "facts", "failed_on", "gw", "hold", "parsed", "place", "priority",
+                 "rec", "request", "response")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config) -> None:
@@ -42,6 +42,7 @@ class Exchange:
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
         self.parsed: ParsedRequest | None = None
         self.place: Placement | None = None  # for a group's pick, made at most once
+        self.failed_on: list[str] = []  # replicas it failed on before its first byte
         self.priority = Priority.STANDARD
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
                              gw.bodies_full)
@@ -74,7 +75,7 @@ class Exchange:
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
             self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block)
-        prefer, self.rec.pick = preference(backend, self.place)
+        prefer, self.rec.pick = preference(backend, self.place, self.failed_on)
         return prefer
 
     def retry_after(self, pools: Iterable[SlotPool]) -> int:

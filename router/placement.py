@@ -9,6 +9,7 @@ group's), and its prompt's blocks are recorded there all the same.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies import pick
@@ -39,15 +40,17 @@ def placement(parsed: ParsedRequest, session_header: str | None,
                      pick.session_key(session_header, parsed.body.get("user")), block_bytes)
 
 
-def preference(backend: Backend, place: Placement) -> tuple[tuple[str, ...], str | None]:
+def preference(backend: Backend, place: Placement,
+               avoid: Sequence[str] = ()) -> tuple[tuple[str, ...], str | None]:
     """The replica to try first (empty: any) and why (a `PickReason`, None for a group of
-    one or when no replica is free)."""
+    one or when no replica is free). Replicas in `avoid` (the request failed there) are
+    picked only when nothing else is free."""
     if not backend.grouped:
         return (), None
     replicas = backend.replicas
     snapshot = [pick.Replica(s.name, s.slots, s.active,
                              replicas[s.name].load_tokens if s.name in replicas else 0,
-                             s.healthy)
+                             s.healthy and s.name not in avoid)
                 for s in backend.pool.seats()]
     table = backend.affinity
     config = backend.config

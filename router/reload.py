@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from policies.config import Config
-from router.assembly import add_backend, wire_routes
+from router.assembly import add_backend, watch_replicas, wire_routes
 from router.config import ConfigError, load_config
 from router.gateway import Gateway
 from router.request.auth import Keyring
@@ -78,7 +78,8 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         if backend == old.backends.get(name):
             continue
         await gw.backends[name].change(backend)
-        gw.health.add(name, backend)  # new breaker settings; its count starts again
+        gw.health.add(name, backend)
+        watch_replicas(gw, name)  # new breaker settings; its count starts again
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"
                 for name in old.backends.keys() - new.backends.keys()]
