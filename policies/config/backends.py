@@ -30,6 +30,10 @@ class SimulatedSpec(StrictModel):
     output_tokens: int = Field(default=64, ge=1, le=1_000_000)  # mean length when max_tokens allows
     output_tokens_spread: float = Field(default=0.0, ge=0, le=1)  # uniform +/- fraction of the mean
     seed: int | None = None
+    # A prefix cache of this many tokens (0: none): a prompt's blocks found in it skip prefill.
+    # Tokens are counted at 4 bytes of the rendered prompt each, as `policies.prefix` hashes it.
+    prefix_cache_tokens: int = Field(default=0, ge=0, le=100_000_000)
+    cache_block_tokens: int = Field(default=16, ge=1, le=65_536)  # tokens per cached block
 
 
 NonNegativeMoney = Annotated[float, Field(ge=0, le=1_000_000)]
