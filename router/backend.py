@@ -9,6 +9,7 @@ probes are shared by every backend of the gateway.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool
 from router.upstream.pools import make_pool
 from router.upstream.proxy import Upstream
+from router.upstream.signals import Reading, scrape_forever, stop
 from router.upstream.simulated.app import start_simulator
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ class Backend:
     offers: MoveOffers | None = None  # set when a steering route may move requests onto it
     affinity: AffinityTable | None = None  # prompt prefix -> replica, when affinity picks
     cursor: int = field(default=0)  # round robin's next turn
+    readings: dict[str, Reading] = field(default_factory=dict)  # engines' KV pressure
+    scraper: asyncio.Task[None] | None = None  # reads them, with `signals.scrape`
 
     @property
     def grouped(self) -> bool:
@@ -80,8 +84,20 @@ class Backend:
         self.pool.resize(config.slots, config.queue_limit,
                          {name: e.slots for name, e in wanted.items()})
         self.affinity = _affinity(config, self.affinity)
+        await stop(self.scraper)
+        self.scraper = self.start_scraper()
+
+    def start_scraper(self) -> asyncio.Task[None] | None:
+        """The background reader of the replicas' engine metrics, when asked for."""
+        signals = self.config.signals
+        if not (signals.scrape and self.grouped):
+            return None
+        return asyncio.create_task(scrape_forever(
+            lambda: {n: r.upstream for n, r in self.replicas.items() if not r.retired},
+            self.readings, signals.path, signals.every_s), name=f"signals-{self.name}")
 
     async def close(self) -> None:
+        await stop(self.scraper)
         for replica in self.replicas.values():
             await replica.upstream.http.close()
             if replica.simulator is not None:
@@ -96,8 +112,10 @@ async def open_backend(name: str, config: BackendConfig, coordination: Coordinat
         assert endpoint.name is not None  # named by `replicas`
         replicas[endpoint.name] = await _open_replica(name, config, endpoint)
     pool = make_pool(name, config, coordination, coordinator)
-    return Backend(name, config, replicas, pool, QueueReporter(pool),
-                   SlotTimeModel(config.initial_hold_s), affinity=_affinity(config, None))
+    backend = Backend(name, config, replicas, pool, QueueReporter(pool),
+                      SlotTimeModel(config.initial_hold_s), affinity=_affinity(config, None))
+    backend.scraper = backend.start_scraper()
+    return backend
 
 
 async def _open_replica(backend: str, config: BackendConfig,

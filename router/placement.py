@@ -9,6 +9,7 @@ group's), and its prompt's blocks are recorded there all the same.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,10 +48,13 @@ def preference(backend: Backend, place: Placement,
     picked only when nothing else is free."""
     if not backend.grouped:
         return (), None
-    replicas = backend.replicas
+    replicas, readings = backend.replicas, backend.readings
+    stale_s, now = backend.config.signals.stale_after_s, time.monotonic()
     snapshot = [pick.Replica(s.name, s.slots, s.active,
                              replicas[s.name].load_tokens if s.name in replicas else 0,
-                             s.healthy and s.name not in avoid)
+                             s.healthy and s.name not in avoid,
+                             readings[s.name].penalty(stale_s, now) if s.name in readings
+                             else 0.0)
                 for s in backend.pool.seats()]
     table = backend.affinity
     config = backend.config

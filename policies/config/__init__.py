@@ -20,6 +20,7 @@ from policies.config.backends import (
     EndpointConfig,
     NonNegativeMoney,
     PriceConfig,
+    SignalsConfig,
     SimulatedSpec,
     target_problem,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "RouteConfig",
     "RouteFallbackConfig",
     "ServerConfig",
+    "SignalsConfig",
     "SimulatedSpec",
     "StrictModel",
     "check_experiments",

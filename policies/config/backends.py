@@ -105,12 +105,24 @@ class AffinityConfig(StrictModel):
     load_bound: float = Field(default=EPSILON, ge=0, le=10)
 
 
+class SignalsConfig(StrictModel):
+    """Engine metrics as a soft hint: each replica's Prometheus page read in the background;
+    its KV-cache pressure weighs the replica's load in the pick. A stale or failing read is
+    ignored; the gateway's own counts always decide who has a free slot."""
+
+    scrape: bool = False
+    path: str = Field(default="/metrics", pattern=r"^/[!-~]*$")  # at the engine's origin
+    every_s: PositiveSeconds = 5.0
+    stale_after_s: PositiveSeconds = 15.0  # an older reading counts as none
+
+
 class BackendConfig(StrictModel):
     url: HttpUrl | None = None
     simulated: SimulatedSpec | None = None
     endpoints: tuple[EndpointConfig, ...] | None = Field(default=None, max_length=256)
     pick: PickMode = PickMode.AFFINITY  # which replica of the group takes a request
     affinity: AffinityConfig = AffinityConfig()
+    signals: SignalsConfig = SignalsConfig()
     model: str = Field(min_length=1, max_length=256)
     slots: int = Field(ge=1, le=1_000_000)  # with `endpoints`: their sum, not given
     queue_limit: int = Field(default=0, ge=0, le=100_000)
