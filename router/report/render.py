@@ -56,6 +56,13 @@ CSV_KEYS: tuple[str, ...] = (
     "counterfactual_cost", "saving", "saving_pct", "queue_wait_n", "queue_wait_p50_ms",
     "queue_wait_p95_ms", "ttft_n", "ttft_p50_ms", "ttft_p95_ms",
 )
+REPLICAS_TITLE = "Replicas per backend (all arms; share of the backend's requests; tokens)"
+REPLICA_COLUMNS: tuple[Column, ...] = (
+    Column("requests", "requests", "count"), Column("share", "share", "share"),
+    Column("prompt_tokens", "prompt", "count"), Column("completion_tokens", "compl.", "count"),
+    Column("cost", "cost", "money"), Column("ttft_p50_ms", "TTFT p50", "ms"),
+    Column("ttft_p95_ms", "TTFT p95", "ms"),
+)
 LABEL_WIDTH = 22
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -81,19 +88,41 @@ def groups(report: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]
     return out
 
 
+def replica_groups(report: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(scope, backend, replica, figures) for each backend of the replica breakdown and each
+    of its replicas; none when the report has no breakdown (one engine per backend)."""
+    out = []
+    for b in report.get("replicas", ()):
+        out.append(("backend", b["backend"], "", b))
+        out.extend(("replica", b["backend"], r["replica"], r) for r in b["replicas"])
+    return out
+
+
 def render_json(report: dict[str, Any]) -> str:
     return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
 def render_csv(report: dict[str, Any]) -> str:
-    """One line per group (total, arms, backends within arms) under a header row."""
+    """One line per group (total, arms, backends within arms) under a header row.
+
+    With a replica breakdown, two more columns, replica and share, and a line per replica
+    of each backend (scope "replica", all arms: arm empty).
+    """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(("scope", "arm", "backend", *CSV_KEYS))
+    replicas = [g for g in replica_groups(report) if g[0] == "replica"]
+    extra: tuple[str, ...] = ("", "") if replicas else ()
+    writer.writerow(("scope", "arm", "backend", *CSV_KEYS, *(("replica", "share") if replicas
+                                                             else ())))
     for scope, arm, backend, figures in groups(report):
-        writer.writerow((scope, arm, backend,
-                         *("" if figures[k] is None else figures[k] for k in CSV_KEYS)))
+        writer.writerow((scope, arm, backend, *_csv_figures(figures), *extra))
+    for scope, backend, replica, figures in replicas:
+        writer.writerow((scope, "", backend, *_csv_figures(figures), replica, figures["share"]))
     return buffer.getvalue()
+
+
+def _csv_figures(figures: dict[str, Any]) -> list[Any]:
+    return ["" if figures[k] is None else figures[k] for k in CSV_KEYS]
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -104,8 +133,20 @@ def render_text(report: dict[str, Any]) -> str:
         for scope, arm, backend, figures in groups(report):
             label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
             lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
-    lines += _text_comparisons(report) + _text_timeseries(report)
+    lines += _text_replicas(report) + _text_comparisons(report) + _text_timeseries(report)
     return "\n".join(lines) + "\n"
+
+
+def _text_replicas(report: dict[str, Any]) -> list[str]:
+    found = replica_groups(report)
+    if not found:
+        return []
+    lines = ["", REPLICAS_TITLE, _text_row("", [c.label for c in REPLICA_COLUMNS])]
+    for scope, backend, replica, figures in found:
+        label = backend if scope == "backend" else "  " + replica
+        lines.append(_text_row(label, [fmt(figures.get(c.key), c.kind)
+                                       for c in REPLICA_COLUMNS]))
+    return lines
 
 
 def _text_header(report: dict[str, Any]) -> list[str]:
@@ -195,16 +236,20 @@ svg.chart{display:block;background:#fafafa;border:1px solid #e5e7eb}
 svg text{font-size:11px;fill:#4b5563}.legend span{margin-right:14px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px}
 """
+# Only on a page with the replica breakdown: the page of one engine per backend is unchanged.
+REPLICA_CSS = "tr.group td{font-weight:600}tr.replica td:first-child{padding-left:24px}\n"
 
 
 def render_html(report: dict[str, Any]) -> str:
     h = report["header"]
     title = f"slotgate cost report: {h['first']} to {h['last']}"
+    replicas = replica_groups(report)
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta http-equiv='Content-Security-Policy' "
         "content=\"default-src 'none'; style-src 'unsafe-inline'\">",
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<title>{escape(title)}</title><style>{CSS}{REPLICA_CSS if replicas else ''}</style>"
+        "</head><body>",
         f"<h1>{escape(title)}</h1>",
         _html_header(report),
         _html_comparisons(report),  # the answer first: what the arms changed, with its CI
@@ -214,6 +259,8 @@ def render_html(report: dict[str, Any]) -> str:
     ]
     for name, columns in SECTIONS.items():
         parts += [f"<h2>{escape(name)}</h2>", _html_groups(report, columns)]
+    if replicas:
+        parts += [f"<h2>{escape(REPLICAS_TITLE)}</h2>", _html_replicas(replicas)]
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -236,6 +283,17 @@ def _html_groups(report: dict[str, Any], columns: Sequence[Column]) -> str:
         label = {"total": "all arms", "arm": arm, "backend": backend}[scope]
         cells = "".join(f"<td>{escape(fmt(figures[c.key], c.kind))}</td>" for c in columns)
         rows.append(f"<tr class='{scope}'><td>{escape(label)}</td>{cells}</tr>")
+    return "<div class='scroll'><table>" + "".join(rows) + "</table></div>"
+
+
+def _html_replicas(found: list[tuple[str, str, str, dict[str, Any]]]) -> str:
+    head = "".join(f"<th>{escape(c.label)}</th>" for c in REPLICA_COLUMNS)
+    rows = [f"<tr><th>backend / replica</th>{head}</tr>"]
+    for scope, backend, replica, figures in found:
+        label, row_class = (backend, "group") if scope == "backend" else (replica, "replica")
+        cells = "".join(f"<td>{escape(fmt(figures.get(c.key), c.kind))}</td>"
+                        for c in REPLICA_COLUMNS)
+        rows.append(f"<tr class='{row_class}'><td>{escape(label)}</td>{cells}</tr>")
     return "<div class='scroll'><table>" + "".join(rows) + "</table></div>"
 
 
