@@ -78,6 +78,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         if backend == old.backends.get(name):
             continue
         await gw.backends[name].change(backend)
+        gw.metrics.watch(gw.backends[name].pool)  # it may have become a group
         gw.health.add(name, backend)  # new breaker settings; its count starts again
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"

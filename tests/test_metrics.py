@@ -1,4 +1,5 @@
-"""/metrics through ten users and three slots, and the per-request log line."""
+"""/metrics through ten users and three slots and through a group of replicas, and the
+per-request log line."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.pick import PickReason
 from router.app import RunningGateway
 from router.telemetry.tallies import Spread
 from tests.support import (
@@ -67,6 +69,58 @@ async def test_metrics_follow_ten_users_on_three_slots(
                  status_class="4xx") == 2
     assert value(after, "slotgate_tokens_total", backend="big", direction="out") == 8 * 8
     assert value(after, "slotgate_ttft_seconds_count", backend="big") == 8
+
+
+async def test_replicas_are_counted_per_endpoint_and_picks_start_at_zero(
+    start: StartGateway, sdk: SdkClients
+) -> None:
+    fast = {"ttft_s": 0, "tokens_per_s": 0, "output_tokens": 8, "max_num_seqs": 8}
+    gw = await start({
+        "backends": {"big": {"model": "m", "pick": "least_loaded",
+                             "endpoints": [{"simulated": fast, "slots": 2},
+                                           {"simulated": fast, "slots": 1}]},
+                     "one": {"model": "m", "slots": 1, "simulated": fast}},
+        "routes": {"chat": {"primary": "big", "overflow": "reject"}}})
+    before = await scrape(gw)
+    for reason in PickReason:  # every reason exported for the group before any request
+        assert ("slotgate_replica_picks_total",
+                (("backend", "big"), ("reason", reason.value))) in before
+    assert not any(name == "slotgate_replica_picks_total" and ("backend", "one") in labels
+                   for name, labels in before)  # a group of one is never picked within
+    for endpoint, slots in (("big-0", 2), ("big-1", 1)):
+        assert value(before, "slotgate_replica_slot_capacity", backend="big",
+                     endpoint=endpoint) == slots
+        assert value(before, "slotgate_replica_healthy", backend="big", endpoint=endpoint) == 1
+    assert value(before, "slotgate_replica_slot_capacity", backend="one", endpoint="one") == 1
+    engines = [engine(gw, "big", name) for name in ("big-0", "big-1")]
+    for sim in engines:
+        sim.hold()
+    tasks, rejected = await send_in_order(sdk(gw), gw, 3)
+    assert rejected == []
+    busy = await scrape(gw)
+    assert value(busy, "slotgate_replica_active_slots", backend="big", endpoint="big-0") == 2
+    assert value(busy, "slotgate_replica_active_slots", backend="big", endpoint="big-1") == 1
+    for sim in engines:
+        sim.release()
+    await asyncio.gather(*tasks)
+    await assert_idle(gw)
+    pool = gw.gateway.backends["big"].pool
+    pool.set_healthy("big-1", False)
+    after = await scrape(gw)
+    pool.set_healthy("big-1", True)
+    for endpoint, served in (("big-0", 2), ("big-1", 1)):
+        assert value(after, "slotgate_replica_requests_total", backend="big",
+                     endpoint=endpoint, status="2xx") == served
+        assert value(after, "slotgate_replica_ttft_seconds_count", backend="big",
+                     endpoint=endpoint) == served
+        assert value(after, "slotgate_replica_active_slots", backend="big",
+                     endpoint=endpoint) == 0
+    assert value(after, "slotgate_replica_healthy", backend="big", endpoint="big-1") == 0
+    assert value(after, "slotgate_replica_slot_capacity", backend="big", endpoint="big-1") == 0
+    assert sum(v for (name, labels), v in after.items()
+               if name == "slotgate_replica_picks_total" and ("backend", "big") in labels) == 3
+    assert value(after, "slotgate_replica_picks_total", backend="big",
+                 reason="least_loaded") == 3
 
 
 async def test_log_line_is_json_without_content(
