@@ -12,8 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.holds import HoldTimeModel
 from policies.pick import PickReason
+from policies.slots.local import LocalSlotPool
 from router.app import RunningGateway
+from router.record import RequestRecord
+from router.telemetry.metrics import Metrics
 from router.telemetry.tallies import Spread
 from tests.support import (
     SdkClients,
@@ -158,6 +162,23 @@ async def test_content_logging_is_opt_in(
     line = next(rec.getMessage() for rec in caplog.records if rec.name == "slotgate.access")
     assert orjson.loads(line)["prompt"] == "hello 42"
     await assert_idle(gw)
+
+
+def test_a_backend_that_becomes_a_group_gets_its_pick_series() -> None:
+    """A reload may turn a group of one into a group: watched again, its reasons show at 0;
+    a group's pick left on a record that ended on a group of one is not counted there."""
+    metrics = Metrics()
+    pool = LocalSlotPool("big", 1, 0, HoldTimeModel(1.0))
+    metrics.watch(pool)
+    assert metrics.picks.values == {}
+    pool.resize(3, 0, {"big-0": 1, "big-1": 2})
+    metrics.watch(pool)
+    assert metrics.picks.values == {("big", r.value): 0.0 for r in PickReason}
+    rec = RequestRecord("r", "/v1/chat/completions", 0.0, 0.0, "row", backend="small",
+                        replica="small", pick="prefix", status=200)
+    metrics.record(rec, "big")
+    assert set(metrics.picks.values) == {("big", r.value) for r in PickReason}
+    assert metrics.replica_requests.values == {("small", "small", "2xx"): 1.0}
 
 
 def test_tallied_histogram_buckets_are_inclusive_and_cumulative() -> None:

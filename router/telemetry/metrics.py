@@ -74,6 +74,7 @@ class Metrics:
                                    BUCKETS)
         self.picks = Tally("slotgate_replica_picks", "Why a group's request was offered "
                            "its replica", ["backend", "reason"])
+        self._groups: set[str] = set()  # the pools of more than one replica
         for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
                       self.auth_failures, self.replica_requests, self.replica_ttft,
                       self.picks):
@@ -100,7 +101,9 @@ class Metrics:
         self._pools[pool.name] = pool
         self.queue_wait.labels(pool.name)
         self.holding.series((pool.name,))
+        self._groups.discard(pool.name)
         if len(pool.seats()) > 1:
+            self._groups.add(pool.name)
             for reason in PickReason:
                 self.picks.add((pool.name, reason.value), 0.0)
 
@@ -127,8 +130,8 @@ class Metrics:
         if rec.prompt_tokens is not None:
             self.tokens.add((rec.backend, "in"), rec.prompt_tokens)
             self.tokens.add((rec.backend, "out"), rec.completion_tokens or 0)
-        if rec.pick is not None:
-            self.picks.add((rec.backend, rec.pick))
+        if rec.pick is not None and rec.backend in self._groups:  # a retry elsewhere may
+            self.picks.add((rec.backend, rec.pick))  # leave its first group's pick behind
         if rec.replica is not None:
             if rec.status:
                 self.replica_requests.add((rec.backend, rec.replica, f"{rec.status // 100}xx"))
