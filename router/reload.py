@@ -78,8 +78,9 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         if backend == old.backends.get(name):
             continue
         await gw.backends[name].change(backend)
-        gw.health.add(name, backend)
-        watch_replicas(gw, name)  # new breaker settings; its count starts again
+        gw.metrics.watch(gw.backends[name].pool)  # it may have become a group
+        gw.health.add(name, backend)  # new breaker settings; its count starts again
+        watch_replicas(gw, name)
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"
                 for name in old.backends.keys() - new.backends.keys()]
