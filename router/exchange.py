@@ -71,6 +71,7 @@ class Exchange:
     def prefer(self, backend: Backend, parsed: ParsedRequest) -> tuple[str, ...]:
         """The replica of `backend`'s group to try first (empty: any, or a group of one)."""
         if not backend.grouped:
+            self.rec.pick = None  # (a retry may come from a group)
             return ()
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
