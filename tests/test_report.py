@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from typing import Any
 
 import numpy as np
@@ -278,13 +277,15 @@ def test_bootstrap_resamples_with_replacement() -> None:
     assert bootstrap(np.array([4.0]), _p95, 10, np.random.default_rng(0)).tolist() == [4.0] * 10
 
 
-def test_ten_thousand_rows_are_quick() -> None:
+def test_ten_thousand_rows_of_one_distribution_show_no_saving() -> None:
+    # Its speed is measured in bench/report_compare.py, never here.
     rng = np.random.default_rng(0)
     costs, waits = rng.random(10_000).tolist(), rng.exponential(300, 10_000).tolist()
     rows = arm_rows("a", costs[:5000], waits[:5000]) + arm_rows("b", costs[5000:], waits[5000:])
-    started = time.perf_counter()
-    compare(rows[:5000], rows[5000:], arm="a", baseline="b", resamples=2000, seed=0)
-    assert time.perf_counter() - started < 2.0  # about 0.15 s; generous for busy machines
+    result = compare(rows[:5000], rows[5000:], arm="a", baseline="b", resamples=2000, seed=0)
+    low, high = result["saving_pct"]["ci"]
+    assert low < 0 < high  # costs drawn alike: no saving either way
+    assert result["requests"] == result["baseline_requests"] == 5000
 
 
 # ---- parse_when --------------------------------------------------------------------------
