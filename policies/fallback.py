@@ -175,11 +175,16 @@ def retry_budget_left(retrying: int, running: int) -> bool:
 
 
 def retry_on(chain: Sequence[str], failed_on: str, standing: Mapping[str, Standing],
-             retrying: int, running: int) -> Retry | None:
-    """Where a request that failed on `failed_on` before its first byte goes next: the first
+             retrying: int, running: int, sibling: bool = False) -> Retry | None:
+    """Where a request that failed on `failed_on` before its first byte goes next: another
+    replica of the same backend when it has one that takes work (`sibling`), else the first
     backend after it in the chain that takes work (up, or its probe due). None when there
     is none (`failed_on` last, or not in the chain) or the retry budget is spent."""
-    if failed_on not in chain or not retry_budget_left(retrying, running):
+    if not retry_budget_left(retrying, running):
+        return None
+    if sibling:
+        return Retry(failed_on)
+    if failed_on not in chain:
         return None
     later = chain[chain.index(failed_on) + 1:]
     after = next((name for name in later if standing[name] is not Standing.DOWN), None)

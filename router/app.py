@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from policies.config import Config, CoordinationMode, Public
 from policies.quotas import Quotas, period_bounds
 from router import dispatch
-from router.assembly import add_backend, health_check, wire_routes
+from router.assembly import add_backend, health_check, replica_check, wire_routes
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
@@ -73,6 +73,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         gw.keyring = Keyring(gw.config.auth)
         gw.quotas = Quotas(gw.config.auth.keys)
         gw.health.probe = lambda name: health_check(gw, name)
+        gw.replica_health.probe = lambda name, replica: replica_check(gw, name, replica)
         for name, backend in gw.config.backends.items():
             await add_backend(gw, name, backend)
         if gw.coordinator is not None:
@@ -89,6 +90,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         gw.ready = False
         await gw.health.close()
+        await gw.replica_health.close()
         if gw.ledger is not None:
             await gw.ledger.close()  # after the server stopped taking requests: every row
         for opened in gw.backends.values():

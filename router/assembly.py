@@ -15,6 +15,7 @@ from router.backend import open_backend
 from router.gateway import Gateway
 from router.openai_api import ApiError
 from router.upstream.errors import UpstreamError
+from router.upstream.proxy import Upstream
 
 _MODELS_LIMIT = 1024 * 1024  # a health check reads at most this much of /v1/models
 
@@ -25,11 +26,33 @@ async def add_backend(gw: Gateway, name: str, config: BackendConfig) -> None:
                                                      gw.coordinator)
     gw.metrics.watch(backend.pool)
     gw.health.add(name, config)
+    watch_replicas(gw, name)
+
+
+def watch_replicas(gw: Gateway, name: str) -> None:
+    """A breaker for each replica of a group (a group of one has the backend's alone)."""
+    backend = gw.backends[name]
+    if backend.grouped:
+        for replica in backend.replicas.values():
+            if not replica.retired:
+                gw.replica_health.add(name, replica.name, backend.config, backend.pool)
 
 
 async def health_check(gw: Gateway, name: str) -> bool:
-    """Does the backend answer GET /v1/models with 200 within its connect timeout?"""
-    upstream = gw.backends[name].upstream
+    """Does a replica of the backend answer GET /v1/models with 200 within its connect
+    timeout? (The breaker is the group's: one live replica keeps it serving.)"""
+    for replica in list(gw.backends[name].replicas.values()):
+        if not replica.retired and await _answers(replica.upstream):
+            return True
+    return False
+
+
+async def replica_check(gw: Gateway, name: str, replica: str) -> bool:
+    """Does this replica answer GET /v1/models with 200 within its connect timeout?"""
+    return await _answers(gw.backends[name].replicas[replica].upstream)
+
+
+async def _answers(upstream: Upstream) -> bool:
     limit = upstream.config.connect_timeout_s
     try:
         async with asyncio.timeout(limit):
@@ -40,7 +63,7 @@ async def health_check(gw: Gateway, name: str) -> bool:
                 await resp.read(_MODELS_LIMIT)  # to the end: the connection is kept
             finally:
                 resp.release()
-            return resp.status == 200
+            return bool(resp.status == 200)
     except (UpstreamError, ApiError, TimeoutError):
         return False
 

@@ -1,5 +1,7 @@
-"""One backend as the gateway holds it: its engine connections, slot pool, queue reporter,
-slot-time model, move offers and simulated engine, built, changed and closed as one.
+"""One backend as the gateway holds it: a group of engine replicas (each with its
+connections and, when simulated, its engine) behind one slot pool, with its queue
+reporter, slot-time model, move offers and the picking state (prefix affinity table,
+round-robin cursor), built, changed and closed as one.
 
 Its breaker lives in `BackendHealth` with the others: the retry budget and the breakers'
 probes are shared by every backend of the gateway.
@@ -7,10 +9,13 @@ probes are shared by every backend of the gateway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from policies.config import BackendConfig, CoordinationConfig
+from policies.config import BackendConfig, CoordinationConfig, EndpointConfig
+from policies.pick import PickMode
+from policies.prefix import AffinityTable
 from policies.pricing import SlotTimeModel
 from policies.slots import SlotPool
 from policies.slots.handover import MoveOffers
@@ -18,6 +23,7 @@ from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool
 from router.upstream.pools import make_pool
 from router.upstream.proxy import Upstream
+from router.upstream.signals import Reading, scrape_forever, stop
 from router.upstream.simulated.app import start_simulator
 
 if TYPE_CHECKING:
@@ -26,47 +32,113 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
+class Replica:
+    """One engine of the group."""
+
+    name: str
+    upstream: Upstream  # where it answers, with which key, over which connections
+    simulator: RunningSim | None = None  # a `simulated:` endpoint runs in-process
+    load_tokens: int = 0  # prompt and expected output tokens of the requests it runs now
+    retired: bool = False  # a reload removed it: it runs out what it holds
+
+
+@dataclass(slots=True)
 class Backend:
     name: str
-    upstream: Upstream  # its config, where it answers, its keep-alive connections
+    config: BackendConfig
+    replicas: dict[str, Replica]  # retired ones stay until the process ends (a few objects)
     pool: SlotPool
     reporter: QueueReporter  # positions and ETAs for the streams in its queue
     slot_time: SlotTimeModel  # how long its answers hold a slot, by length
-    simulator: RunningSim | None = None  # `simulated:` backends run their engine in-process
     offers: MoveOffers | None = None  # set when a steering route may move requests onto it
+    affinity: AffinityTable | None = None  # prompt prefix -> replica, when affinity picks
+    cursor: int = field(default=0)  # round robin's next turn
+    readings: dict[str, Reading] = field(default_factory=dict)  # engines' KV pressure
+    scraper: asyncio.Task[None] | None = None  # reads them, with `signals.scrape`
 
     @property
-    def config(self) -> BackendConfig:
-        return self.upstream.config
+    def grouped(self) -> bool:
+        """More than one replica: a request's replica is picked."""
+        return len(self.replicas) > 1
 
-    def change(self, config: BackendConfig) -> None:
-        """A reload changed its config: new requests see it; the connections are kept, and
-        leases already held stay valid (a smaller pool admits no one until enough free)."""
-        http = self.upstream.http
-        http.max_idle_per_origin = config.slots
-        self.upstream = Upstream(self.name, config, _base_url(config, self.simulator), http)
-        self.pool.resize(config.slots, config.queue_limit)
+    def first(self) -> Replica:
+        return next(iter(self.replicas.values()))
+
+    async def change(self, config: BackendConfig) -> None:
+        """A reload changed its config: new requests see it; the connections of replicas
+        kept are kept, new replicas open, removed ones run out what they hold (leases
+        already held stay valid: a smaller pool admits no one until enough free)."""
+        wanted = {e.name: e for e in config.replicas(self.name) if e.name is not None}
+        for name, replica in self.replicas.items():
+            replica.retired = name not in wanted
+        for name, endpoint in wanted.items():
+            old = self.replicas.get(name)
+            if old is None:
+                self.replicas[name] = await _open_replica(self.name, config, endpoint)
+                continue
+            http = old.upstream.http
+            http.max_idle_per_origin = endpoint.slots
+            old.upstream = Upstream(self.name, config, _base_url(endpoint, old.simulator), http,
+                                    key_env=endpoint.api_key_env, replica=name)
+        self.config = config
+        self.pool.resize(config.slots, config.queue_limit,
+                         {name: e.slots for name, e in wanted.items()})
+        self.affinity = _affinity(config, self.affinity)
+        await stop(self.scraper)
+        self.scraper = self.start_scraper()
+
+    def start_scraper(self) -> asyncio.Task[None] | None:
+        """The background reader of the replicas' engine metrics, when asked for."""
+        signals = self.config.signals
+        if not (signals.scrape and self.grouped):
+            return None
+        return asyncio.create_task(scrape_forever(
+            lambda: {n: r.upstream for n, r in self.replicas.items() if not r.retired},
+            self.readings, signals.path, signals.every_s), name=f"signals-{self.name}")
 
     async def close(self) -> None:
-        await self.upstream.http.close()
-        if self.simulator is not None:
-            await self.simulator.close()
+        await stop(self.scraper)
+        for replica in self.replicas.values():
+            await replica.upstream.http.close()
+            if replica.simulator is not None:
+                await replica.simulator.close()
 
 
 async def open_backend(name: str, config: BackendConfig, coordination: CoordinationConfig,
                        coordinator: RedisCoordinator | None) -> Backend:
-    """The engine (or its simulator), the connections to it and its slot pool."""
-    simulator = None
-    if config.simulated is not None:
-        simulator = await start_simulator(config.simulated, config.model)
-    # sized to the slots: every request in flight may leave a connection to keep
-    upstream = Upstream(name, config, _base_url(config, simulator),
-                        HttpPool(max_idle_per_origin=config.slots))
+    """Each replica's engine (or simulator) and connections, and the group's slot pool."""
+    replicas: dict[str, Replica] = {}
+    for endpoint in config.replicas(name):
+        assert endpoint.name is not None  # named by `replicas`
+        replicas[endpoint.name] = await _open_replica(name, config, endpoint)
     pool = make_pool(name, config, coordination, coordinator)
-    return Backend(name, upstream, pool, QueueReporter(pool),
-                   SlotTimeModel(config.initial_hold_s), simulator)
+    backend = Backend(name, config, replicas, pool, QueueReporter(pool),
+                      SlotTimeModel(config.initial_hold_s), affinity=_affinity(config, None))
+    backend.scraper = backend.start_scraper()
+    return backend
 
 
-def _base_url(config: BackendConfig, simulator: RunningSim | None) -> str:
-    """The backend's OpenAI base URL, ending in /v1."""
-    return simulator.url + "/v1" if simulator is not None else str(config.url).rstrip("/")
+async def _open_replica(backend: str, config: BackendConfig,
+                        endpoint: EndpointConfig) -> Replica:
+    assert endpoint.name is not None
+    simulator = None
+    if endpoint.simulated is not None:
+        simulator = await start_simulator(endpoint.simulated, config.model)
+    # sized to the slots: every request in flight may leave a connection to keep
+    upstream = Upstream(backend, config, _base_url(endpoint, simulator),
+                        HttpPool(max_idle_per_origin=endpoint.slots),
+                        key_env=endpoint.api_key_env, replica=endpoint.name)
+    return Replica(endpoint.name, upstream, simulator)
+
+
+def _affinity(config: BackendConfig, table: AffinityTable | None) -> AffinityTable | None:
+    """The prefix table a group picking by affinity keeps (kept across a reload)."""
+    if config.pick is not PickMode.AFFINITY or config.endpoints is None \
+            or len(config.endpoints) < 2:
+        return None
+    return table if table is not None else AffinityTable(config.affinity.table_size)
+
+
+def _base_url(endpoint: EndpointConfig, simulator: RunningSim | None) -> str:
+    """The replica's OpenAI base URL, ending in /v1."""
+    return simulator.url + "/v1" if simulator is not None else str(endpoint.url).rstrip("/")

@@ -177,6 +177,8 @@ _SPEC_FLAGS = {
     "--prefill-s-per-token": ("prefill_s_per_token", float),
     "--output-tokens": ("output_tokens", int), "--seed": ("seed", int),
     "--output-tokens-spread": ("output_tokens_spread", float),
+    "--prefix-cache-tokens": ("prefix_cache_tokens", int),
+    "--cache-block-tokens": ("cache_block_tokens", int),
 }
 
 

@@ -183,7 +183,8 @@ def _raw_checks(data: object, errors: list[ErrorDetails]) -> list[tuple[Loc, str
     for name, raw in backends.items() if isinstance(backends, Mapping) else ():
         loc: Loc = ("backends", name)
         if isinstance(name, str | int) and isinstance(raw, Mapping) and loc not in judged:
-            if problem := target_problem(raw.get("url"), raw.get("simulated")):
+            if problem := target_problem(raw.get("url"), raw.get("simulated"),
+                                         raw.get("endpoints")):
                 problems.append((loc, problem))
     if any(e["type"] == CROSS_REFERENCE for e in errors):
         return problems

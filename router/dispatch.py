@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from classifier.text import request_text
 from policies import fallback
 from policies.admission import RejectReason
+from policies.breaker import Blame
 from policies.config import RouteConfig
 from policies.failures import FailureKind
 from policies.slots import Lease, PoolUnavailable
@@ -36,6 +37,7 @@ from router.openai_api import (
     read_body,
     upstream_body,
 )
+from router.placement import placed, unplaced
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.request.access_log import log_refused
 from router.request.accounting import settle
@@ -43,7 +45,7 @@ from router.request.usage import CLIENT_CLOSED, count_tokens
 from router.sse import start_frame
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import Forwarding
-from router.upstream.health import BackendOpened, parse_retry_after, retryable
+from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
 from router.upstream.proxy import Attempt, ClientGone, forward
 from router.waiting import admit, admit_to
 
@@ -183,8 +185,10 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             # the answer has begun.
             if not retryable(failure) or ex.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                 raise
+            ex.failed_on.append(lease.replica)
             retry = fallback.retry_on(chain, lease.pool, health.standing(chain),
-                                      health.retrying, ex.gw.running)
+                                      health.retrying, ex.gw.running,
+                                      sibling=_sibling(ex, lease))
             if retry is None:
                 raise
             if retry.takes_probe:
@@ -199,23 +203,38 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             health.retrying -= 1
 
 
+def _sibling(ex: Exchange, lease: Lease) -> bool:
+    """Has `lease`'s backend another replica, not yet tried, that takes work?"""
+    backend = ex.gw.backends[lease.pool]
+    return backend.grouped and any(seat.healthy and seat.name not in ex.failed_on
+                                   for seat in backend.pool.seats())
+
+
 async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
-    """Forward on `lease`'s backend; the slot is released on every path."""
+    """Forward on `lease`'s backend and replica; the slot is released on every path."""
     ex.rec.slot_at = time.perf_counter()
-    ex.rec.backend = lease.pool
+    ex.rec.backend, ex.rec.replica = lease.pool, lease.replica
+    backend = ex.gw.backends[lease.pool]
+    work = placed(backend, lease, ex.place) if backend.grouped else 0
     try:
         ex.rec.phase = Phase.BEFORE_FIRST_BYTE
         lost = lease.lost()
         if lost is None:
-            response = await forward_on(ex, parsed, lease.pool)
+            response = await forward_on(ex, parsed, lease)
         else:
-            response = await forward_while_held(ex, parsed, lease.pool, lost)
+            response = await forward_while_held(ex, parsed, lease, lost)
         ex.gw.health.succeeded(lease.pool)
+        if backend.grouped:
+            ex.gw.replica_health.succeeded(lease.pool, lease.replica)
         return response
     except UpstreamFailure as failure:
-        # The engine's faults only; an unsure one waits for the backend's health check
-        # with the slot held, so that a failing engine's queue moves before it frees.
-        await ex.gw.health.report(lease.pool, failure)
+        # The engine's faults only: a group's against the replica; an unsure one waits for
+        # the backend's health check with the slot held, so that a failing engine's queue
+        # moves before it frees.
+        if backend.grouped and blame(failure) is Blame.ENGINE:
+            ex.gw.replica_health.report(lease.pool, lease.replica, failure)
+        else:
+            await ex.gw.health.report(lease.pool, failure)
         if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour
             ex.gw.health.throttle(  # its Retry-After
                 lease.pool, parse_retry_after(failure.headers.get("Retry-After")))
@@ -224,14 +243,15 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         held_s = lease.held_s
         ex.rec.slot_ms = held_s * 1000
         ex.gw.metrics.held(lease.pool, held_s)
+        if work:
+            unplaced(backend, lease, work)
         await lease.release()
 
 
-
-async def forward_while_held(ex: Exchange, parsed: ParsedRequest, backend: str,
+async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
                              lost: asyncio.Future[None]) -> web.StreamResponse:
     """Forward, but stop (the engine aborts) if the shared slot is taken away."""
-    forwarding = asyncio.ensure_future(forward_on(ex, parsed, backend))
+    forwarding = asyncio.ensure_future(forward_on(ex, parsed, lease))
     either: set[asyncio.Future[Any]] = {forwarding, lost}
     try:
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
@@ -248,11 +268,12 @@ async def forward_while_held(ex: Exchange, parsed: ParsedRequest, backend: str,
 
 
 
-async def forward_on(ex: Exchange, parsed: ParsedRequest, backend: str) -> web.StreamResponse:
-    """One attempt on `backend`, its progress recorded whatever the way it ends."""
+async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
+    """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
     rec = ex.rec
-    upstream = ex.gw.backends[backend].upstream
-    start = start_frame(backend, rec.reason, rec.queue_wait_ms, ex.wants_events(parsed))
+    upstream = ex.gw.backends[lease.pool].replicas[lease.replica].upstream
+    start = start_frame(lease.pool, rec.reason, rec.queue_wait_ms, ex.wants_events(parsed),
+                        rec.replica)
     preamble = b""
     if ex.response is not None:
         await ex.send(start)

@@ -15,8 +15,10 @@ from policies.config import Config, Priority
 from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
 from policies.slots import SlotPool
+from router.backend import Backend
 from router.gateway import Gateway
 from router.openai_api import ApiError, ParsedRequest
+from router.placement import Placement, placement, preference
 from router.record import Phase, RequestRecord
 from router.request.body import BodyHold
 from router.request.rejections import rejection
@@ -27,8 +29,8 @@ from router.upstream.proxy import ClientGone
 class Exchange:
     """One request's state, from its head to its record."""
 
-    __slots__ = ("config", "facts", "gw", "hold", "parsed", "priority", "rec", "request",
-                 "response")
+    __slots__ = ("config", "facts", "failed_on", "gw", "hold", "parsed", "place", "priority",
+                 "rec", "request", "response")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config) -> None:
@@ -39,6 +41,8 @@ class Exchange:
         self.response: web.StreamResponse | None = None  # set once SSE headers went out
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
         self.parsed: ParsedRequest | None = None
+        self.place: Placement | None = None  # for a group's pick, made at most once
+        self.failed_on: list[str] = []  # replicas it failed on before its first byte
         self.priority = Priority.STANDARD
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
                              gw.bodies_full)
@@ -54,6 +58,8 @@ class Exchange:
         out = {"x-request-id": rec.request_id}
         if rec.backend:
             out["x-slotgate-backend"] = rec.backend
+            if rec.replica:
+                out["x-slotgate-endpoint"] = rec.replica
             out["x-slotgate-route-reason"] = rec.reason or ""
             if rec.phase is not Phase.QUEUED:
                 out["x-slotgate-queue-wait-ms"] = f"{rec.queue_wait_ms:.0f}"
@@ -61,6 +67,17 @@ class Exchange:
             out["x-slotgate-experiment"] = rec.experiment
             out["x-slotgate-arm"] = rec.arm
         return out
+
+    def prefer(self, backend: Backend, parsed: ParsedRequest) -> tuple[str, ...]:
+        """The replica of `backend`'s group to try first (empty: any, or a group of one)."""
+        if not backend.grouped:
+            self.rec.pick = None  # (a retry may come from a group)
+            return ()
+        block = backend.config.affinity.block_bytes
+        if self.place is None or self.place.block_bytes != block:
+            self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block)
+        prefer, self.rec.pick = preference(backend, self.place, self.failed_on)
+        return prefer
 
     def retry_after(self, pools: Iterable[SlotPool]) -> int:
         """The Retry-After of a request refused by `pools` (its queue full, its wait over):

@@ -27,6 +27,7 @@ from router.request.body import InflightBodies
 from router.request.rejections import rejection
 from router.telemetry.metrics import Metrics
 from router.upstream.health import BackendHealth
+from router.upstream.replica_health import ReplicaHealth
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
@@ -45,6 +46,7 @@ class Gateway:
     ledger: Ledger | None = None
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
+    replica_health: ReplicaHealth = field(init=False)  # breakers of grouped backends' replicas
     keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off
     quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key caps and budgets
     bodies: InflightBodies = field(default_factory=InflightBodies)  # request bytes held
@@ -58,6 +60,9 @@ class Gateway:
 
     metrics: Metrics = field(default_factory=Metrics)
     refusals: LogSampler = field(default_factory=LogSampler)  # access lines of unknown callers
+
+    def __post_init__(self) -> None:
+        self.replica_health = ReplicaHealth(self.health)
 
     def drain_signal(self) -> asyncio.Future[None]:
         """Resolved when draining starts: queued requests stop waiting on it."""

@@ -50,6 +50,8 @@ class RequestRecord:
     priority: str = "standard"
     quota_held: bool = False  # counted in by the key's limits: `Quotas.finish` is owed
     backend: str | None = None
+    replica: str | None = None  # the endpoint of the backend's group that served it
+    pick: str | None = None  # why that replica (a group of more than one)
     reason: str | None = None
     stream: bool = False
     status: int = 0

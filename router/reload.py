@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from policies.config import Config
-from router.assembly import add_backend, wire_routes
+from router.assembly import add_backend, watch_replicas, wire_routes
 from router.config import ConfigError, load_config
 from router.gateway import Gateway
 from router.request.auth import Keyring
@@ -40,7 +40,11 @@ def restart_only(old: Config, new: Config) -> list[str]:
         problems.append("ledger changes only with a restart")
     for name, backend in new.backends.items():
         before = old.backends.get(name)
-        if before is not None and before.simulated != backend.simulated:
+        if before is None:
+            continue
+        engines = {e.name: e.simulated for e in before.replicas(name)}
+        if any(e.name in engines and engines[e.name] != e.simulated
+               for e in backend.replicas(name)):
             problems.append(f"backends.{name}: a simulated engine changes only with a restart")
     return problems
 
@@ -73,8 +77,10 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
             continue
         if backend == old.backends.get(name):
             continue
-        gw.backends[name].change(backend)
+        await gw.backends[name].change(backend)
+        gw.metrics.watch(gw.backends[name].pool)  # it may have become a group
         gw.health.add(name, backend)  # new breaker settings; its count starts again
+        watch_replicas(gw, name)
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"
                 for name in old.backends.keys() - new.backends.keys()]

@@ -129,10 +129,15 @@ def queue_frame(position: int, eta_s: float, pool: str, events: bool) -> bytes:
     return b"event: queue_status\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def start_frame(backend: str, reason: str | None, queue_wait_ms: float, events: bool) -> bytes:
-    """The slot is granted: the answer follows."""
+def start_frame(backend: str, reason: str | None, queue_wait_ms: float, events: bool,
+                endpoint: str | None = None) -> bytes:
+    """The slot is granted: the answer follows (`endpoint`: the group's replica)."""
     if not events:
-        return comment(f"slot granted backend={backend} reason={reason} "
+        where = f" endpoint={endpoint}" if endpoint is not None else ""
+        return comment(f"slot granted backend={backend}{where} reason={reason} "
                        f"queue_wait_ms={queue_wait_ms:.0f}")
-    data = {"backend": backend, "reason": reason, "queue_wait_ms": round(queue_wait_ms)}
+    data: dict[str, object] = {"backend": backend, "reason": reason,
+                               "queue_wait_ms": round(queue_wait_ms)}
+    if endpoint is not None:
+        data["endpoint"] = endpoint
     return b"event: start\ndata: " + orjson.dumps(data) + b"\n\n"

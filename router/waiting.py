@@ -55,9 +55,10 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
                 target, reason = step.pool, step.reason
             elif step.movable:
                 movable = step.movable[0]
-        pool = backends[target].pool
+        backend = backends[target]
+        pool = backend.pool
         rec.backend, rec.reason = target, reason
-        lease = await pool.try_acquire()
+        lease = await pool.try_acquire(ex.prefer(backend, parsed))
         if lease is not None:
             return lease
         ticket = await pool.enqueue(ex.priority)
@@ -68,9 +69,10 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
 
 async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     """A slot on one given backend (a retry): free now, or after waiting in its line."""
-    pool = ex.gw.backends[backend].pool
+    group = ex.gw.backends[backend]
+    pool = group.pool
     ex.rec.backend = backend
-    lease = await pool.try_acquire()
+    lease = await pool.try_acquire(ex.prefer(group, parsed))
     if lease is not None:
         return lease
     ticket = await pool.enqueue(ex.priority)

@@ -224,6 +224,43 @@ async def test_cancel_leaves_the_queue_and_the_dashboard_shows_busy_slots(
     await assert_idle(gw)
 
 
+async def test_the_dashboard_draws_a_groups_replicas(
+    sdk: SdkClients, start: StartGateway, browser: Browser
+) -> None:
+    fast = {"ttft_s": 0, "tokens_per_s": 0, "output_tokens": 8, "max_num_seqs": 8}
+    gw = await start(two_models(
+        {"model": "m", "pick": "least_loaded", "endpoints": [{"simulated": fast, "slots": 2},
+                                                             {"simulated": fast, "slots": 1}]},
+        sim_backend("meta-llama/Llama-3.1-8B-Instruct", slots=2)))
+    engines = [engine(gw, "llama-70b", name) for name in ("llama-70b-0", "llama-70b-1")]
+    for sim in engines:
+        sim.hold()
+    client = sdk(gw)
+    busy = [asyncio.create_task(client.chat.completions.create(**answer(4))) for _ in range(3)]
+    await wait_pools(gw, primary_is(3, 0))
+    dash = await browser.new_page(viewport=VIEWPORT)  # type: ignore[arg-type]
+    await dash.goto(gw.url + "/dashboard")
+    await dash.wait_for_function("""() => {
+        const rows = document.querySelectorAll('[data-pool="llama-70b"] .replica');
+        return rows.length === 2 &&
+            rows[0].dataset.replica === 'llama-70b-0' && rows[0].textContent.includes('2 / 2') &&
+            rows[1].dataset.replica === 'llama-70b-1' && rows[1].textContent.includes('1 / 1');
+    }""")
+    assert await dash.locator('[data-pool="llama-70b"] .replica [role="meter"]').count() == 2
+    assert await dash.locator('[data-pool="llama-8b"] .replica').count() == 0  # a group of one
+    gw.gateway.backends["llama-70b"].pool.set_healthy("llama-70b-1", False)
+    await dash.wait_for_function("""() => document.querySelector(
+        '[data-replica="llama-70b-1"]').classList.contains('down')""")
+    gw.gateway.backends["llama-70b"].pool.set_healthy("llama-70b-1", True)
+    for sim in engines:
+        sim.release()
+    await asyncio.gather(*busy)
+    await dash.wait_for_function("""() => [...document.querySelectorAll(
+        '[data-pool="llama-70b"] .replica')].every((r) => r.textContent.includes('0 / '))""")
+    await dash.close()
+    await assert_idle(gw)
+
+
 async def test_errors_are_shown_as_text(
     sdk: SdkClients, start: StartGateway, browser: Browser
 ) -> None:

@@ -104,11 +104,13 @@ async def test_events_follow_the_pool_and_unsubscribe_on_disconnect(start: Start
             (row,) = rows
             assert row["capacity"] == 3 and row["active"] == 0 and row["queued"] == 0
             assert row["queue_limit"] == 5 and row["eta_s"] == 0.0
+            assert row["replicas"] == [{"name": "big", "slots": 3, "active": 0,
+                                        "healthy": True}]  # a group of one
             assert len(pool._watchers) == watchers_before + 1  # type: ignore[attr-defined]
 
             busy = asyncio.create_task(http.post(gw.url + "/v1/chat/completions", json=CHAT))
             row = await pools_until(events, "big", lambda r: r["active"] == 1)
-            assert row["queued"] == 0
+            assert row["queued"] == 0 and row["replicas"][0]["active"] == 1
 
         await pages.wait_subscribers(0)  # the feed saw the disconnect and left
         assert len(pool._watchers) == watchers_before  # type: ignore[attr-defined]

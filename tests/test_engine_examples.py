@@ -22,6 +22,8 @@ SLOTS_FLAG = {
     "ollama.yaml": r"OLLAMA_NUM_PARALLEL=(\d+)",
     "tgi.yaml": r"--max-concurrent-requests (\d+)",
     "serverless-fallback.yaml": r"--max-num-seqs (\d+)",  # its self-hosted primary
+    "vllm-replicas.yaml": r"--max-num-seqs (\d+)",  # on every replica
+    "k8s-headless-replicas.yaml": r"--max-num-seqs (\d+)",
 }
 FILES = sorted(EXAMPLES.glob("*.yaml"))
 
@@ -34,25 +36,26 @@ def test_one_example_per_engine() -> None:
 def test_example_is_a_valid_config(path: Path) -> None:
     config = load_config(path)  # the gateway's own loader: every problem by key path
     for name, backend in config.backends.items():
-        assert backend.url is not None, f"{name}: an example points at a real engine"
+        for replica in backend.replicas(name):
+            assert replica.url is not None, f"{name}: an example points at real engines"
+            assert str(replica.url).endswith("/v1"), "the OpenAI base URL ends in /v1"
         assert backend.simulated is None
         assert backend.context_window is not None, f"{name}: say the engine's context"
         assert backend.queue_limit > 0, f"{name}: waiting belongs in slotgate's queue"
-    url = str(next(iter(config.backends.values())).url)
-    assert url.endswith("/v1"), "the OpenAI base URL ends in /v1"
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_slots_match_the_engine_flag(path: Path) -> None:
     config = load_config(path)
-    first = next(iter(config.backends.values()))  # the self-hosted engine comes first
+    name, first = next(iter(config.backends.items()))  # the self-hosted engine comes first
+    slots = {replica.slots for replica in first.replicas(name)}  # on every replica
     flag = SLOTS_FLAG[path.name]
     if flag is None:
-        assert first.slots == 1
+        assert slots == {1}
         return
     found = re.search(flag, path.read_text(encoding="utf-8"))
     assert found, f"{path.name}: the engine's command line should show {flag}"
-    assert first.slots == int(found.group(1))
+    assert slots == {int(found.group(1))}
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -61,7 +64,8 @@ def test_keys_come_from_the_environment(path: Path) -> None:
     assert not re.search(r"(?i)\b(sk|key)-[A-Za-z0-9]{8,}", text), "a key in an example"
     config = load_config(path)
     for backend in config.backends.values():
-        if backend.url is not None and backend.url.scheme == "https":
+        hosted = [r for r in backend.replicas("b") if r.url is not None and r.url.scheme == "https"]
+        if hosted:
             assert backend.api_key_env, "a hosted provider needs its key, from the environment"
 
 

@@ -99,7 +99,7 @@ async def test_a_first_version_ledger_is_migrated_with_its_rows(tmp_path: Path) 
             db.execute(statement)
         db.execute("INSERT INTO schema_migrations VALUES (1, 0)")
         old = row(1)
-        columns = [c for c in COLUMNS if c != "key_id"]
+        columns = [c for c in COLUMNS if c not in ("key_id", "replica")]
         quoted = ", ".join(f'"{c}"' for c in columns)  # "primary" is a keyword
         db.execute(f"INSERT INTO requests ({quoted}) "
                    f"VALUES ({', '.join('?' * len(columns))})",
@@ -112,6 +112,60 @@ async def test_a_first_version_ledger_is_migrated_with_its_rows(tmp_path: Path) 
             ("row-1", None), ("row-2", "team-a")]
     finally:
         await store.close()
+
+
+async def _make_second_version_ledger(target: str, old: LedgerRow) -> None:
+    """A ledger as the release before `replica` made it (steps 1 and 2), holding `old`."""
+    steps = [(version, statements) for version, statements in MIGRATIONS if version <= 2]
+    columns = [c for c in COLUMNS if c != "replica"]
+    quoted = ", ".join(f'"{c}"' for c in columns)  # "primary" is a keyword
+    values = [getattr(old, c) for c in columns]
+    versions = "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, " \
+               "applied_at DOUBLE PRECISION NOT NULL)"
+    if not target.startswith("postgres"):
+        with sqlite3.connect(target) as db:
+            db.execute(versions)
+            for version, statements in steps:
+                for statement in statements:
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (version,))
+            db.execute(f"INSERT INTO requests ({quoted}) "
+                       f"VALUES ({', '.join('?' * len(columns))})", values)
+        return
+    import asyncpg
+
+    db = await asyncpg.connect(target)
+    try:
+        await db.execute(versions)
+        for version, statements in steps:
+            for statement in statements:
+                await db.execute(statement)
+            await db.execute("INSERT INTO schema_migrations VALUES ($1, 0)", version)
+        marks = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+        await db.execute(f"INSERT INTO requests ({quoted}) VALUES ({marks})", *values)
+    finally:
+        await db.close()
+
+
+async def test_a_ledger_without_replicas_is_migrated_in_place(ledger_target: str) -> None:
+    """Rows written before the ledger kept the replica read back with replica None."""
+    await _make_second_version_ledger(ledger_target, row(1, key_id="team-a"))
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        await store.write([row(2, replica="big-1"), row(3, backend="small", replica="small")])
+        got = await store.fetch(RowFilter())
+        assert [(r.id, r.key_id, r.replica) for r in got] == [
+            ("row-1", "team-a", None), ("row-2", None, "big-1"), ("row-3", None, "small")]
+        assert got[0] == row(1, key_id="team-a")  # the old row unchanged otherwise
+    finally:
+        await store.close()
+    reopened = open_store(ledger_target)  # a restart finds the step done and runs it no more
+    await reopened.open()
+    try:
+        assert len(await reopened.fetch(RowFilter())) == 3
+    finally:
+        await reopened.close()
 
 
 async def test_spend_per_key_since_a_time(ledger_target: str) -> None:

@@ -1,4 +1,5 @@
-"""/metrics through ten users and three slots, and the per-request log line."""
+"""/metrics through ten users and three slots and through a group of replicas, and the
+per-request log line."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.holds import HoldTimeModel
+from policies.pick import PickReason
+from policies.slots.local import LocalSlotPool
 from router.app import RunningGateway
+from router.record import RequestRecord
+from router.telemetry.metrics import Metrics
 from router.telemetry.tallies import Spread
 from tests.support import (
     SdkClients,
@@ -69,6 +75,58 @@ async def test_metrics_follow_ten_users_on_three_slots(
     assert value(after, "slotgate_ttft_seconds_count", backend="big") == 8
 
 
+async def test_replicas_are_counted_per_endpoint_and_picks_start_at_zero(
+    start: StartGateway, sdk: SdkClients
+) -> None:
+    fast = {"ttft_s": 0, "tokens_per_s": 0, "output_tokens": 8, "max_num_seqs": 8}
+    gw = await start({
+        "backends": {"big": {"model": "m", "pick": "least_loaded",
+                             "endpoints": [{"simulated": fast, "slots": 2},
+                                           {"simulated": fast, "slots": 1}]},
+                     "one": {"model": "m", "slots": 1, "simulated": fast}},
+        "routes": {"chat": {"primary": "big", "overflow": "reject"}}})
+    before = await scrape(gw)
+    for reason in PickReason:  # every reason exported for the group before any request
+        assert ("slotgate_replica_picks_total",
+                (("backend", "big"), ("reason", reason.value))) in before
+    assert not any(name == "slotgate_replica_picks_total" and ("backend", "one") in labels
+                   for name, labels in before)  # a group of one is never picked within
+    for endpoint, slots in (("big-0", 2), ("big-1", 1)):
+        assert value(before, "slotgate_replica_slot_capacity", backend="big",
+                     endpoint=endpoint) == slots
+        assert value(before, "slotgate_replica_healthy", backend="big", endpoint=endpoint) == 1
+    assert value(before, "slotgate_replica_slot_capacity", backend="one", endpoint="one") == 1
+    engines = [engine(gw, "big", name) for name in ("big-0", "big-1")]
+    for sim in engines:
+        sim.hold()
+    tasks, rejected = await send_in_order(sdk(gw), gw, 3)
+    assert rejected == []
+    busy = await scrape(gw)
+    assert value(busy, "slotgate_replica_active_slots", backend="big", endpoint="big-0") == 2
+    assert value(busy, "slotgate_replica_active_slots", backend="big", endpoint="big-1") == 1
+    for sim in engines:
+        sim.release()
+    await asyncio.gather(*tasks)
+    await assert_idle(gw)
+    pool = gw.gateway.backends["big"].pool
+    pool.set_healthy("big-1", False)
+    after = await scrape(gw)
+    pool.set_healthy("big-1", True)
+    for endpoint, served in (("big-0", 2), ("big-1", 1)):
+        assert value(after, "slotgate_replica_requests_total", backend="big",
+                     endpoint=endpoint, status="2xx") == served
+        assert value(after, "slotgate_replica_ttft_seconds_count", backend="big",
+                     endpoint=endpoint) == served
+        assert value(after, "slotgate_replica_active_slots", backend="big",
+                     endpoint=endpoint) == 0
+    assert value(after, "slotgate_replica_healthy", backend="big", endpoint="big-1") == 0
+    assert value(after, "slotgate_replica_slot_capacity", backend="big", endpoint="big-1") == 0
+    assert sum(v for (name, labels), v in after.items()
+               if name == "slotgate_replica_picks_total" and ("backend", "big") in labels) == 3
+    assert value(after, "slotgate_replica_picks_total", backend="big",
+                 reason="least_loaded") == 3
+
+
 async def test_log_line_is_json_without_content(
     start: StartGateway, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -104,6 +162,23 @@ async def test_content_logging_is_opt_in(
     line = next(rec.getMessage() for rec in caplog.records if rec.name == "slotgate.access")
     assert orjson.loads(line)["prompt"] == "hello 42"
     await assert_idle(gw)
+
+
+def test_a_backend_that_becomes_a_group_gets_its_pick_series() -> None:
+    """A reload may turn a group of one into a group: watched again, its reasons show at 0;
+    a group's pick left on a record that ended on a group of one is not counted there."""
+    metrics = Metrics()
+    pool = LocalSlotPool("big", 1, 0, HoldTimeModel(1.0))
+    metrics.watch(pool)
+    assert metrics.picks.values == {}
+    pool.resize(3, 0, {"big-0": 1, "big-1": 2})
+    metrics.watch(pool)
+    assert metrics.picks.values == {("big", r.value): 0.0 for r in PickReason}
+    rec = RequestRecord("r", "/v1/chat/completions", 0.0, 0.0, "row", backend="small",
+                        replica="small", pick="prefix", status=200)
+    metrics.record(rec, "big")
+    assert set(metrics.picks.values) == {("big", r.value) for r in PickReason}
+    assert metrics.replica_requests.values == {("small", "small", "2xx"): 1.0}
 
 
 def test_tallied_histogram_buckets_are_inclusive_and_cumulative() -> None:

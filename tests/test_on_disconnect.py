@@ -57,7 +57,7 @@ async def test_abort_frees_the_slot_and_the_engine_at_once(
     leaver.cancel()
     await sim.wait_until(lambda e: e.records["leaver"].aborted)
     await assert_idle(gw)  # while the engine would still be generating
-    assert gw.gateway.backends["big"].upstream.draining == 0
+    assert gw.gateway.backends["big"].first().upstream.draining == 0
     sim.release()
     answer = await sdk(gw).chat.completions.create(model="chat", messages=MESSAGES)
     assert answer.choices[0].finish_reason == "stop"
@@ -72,7 +72,7 @@ async def test_drain_keeps_the_slot_until_the_engine_has_answered(
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=1,
                                                 on_disconnect="drain")))
-    sim, upstream = engine(gw), gw.gateway.backends["big"].upstream
+    sim, upstream = engine(gw), gw.gateway.backends["big"].first().upstream
     sim.hold(after_tokens=2)
     leaver = ask(sdk, gw, "leaver")
     await sim.wait_until(lambda e: "leaver" in e.records and e.held == 1)
@@ -107,9 +107,9 @@ async def test_drain_ends_at_the_backends_timeout(sdk: SdkClients, start: StartG
     leaver = ask(sdk, gw, "leaver")
     await sim.wait_until(lambda e: "leaver" in e.records)
     leaver.cancel()
-    await poll_until(lambda: gw.gateway.backends["big"].upstream.draining == 1)
+    await poll_until(lambda: gw.gateway.backends["big"].first().upstream.draining == 1)
     await assert_idle(gw)  # within 5 s: the 0.5 s first-byte timeout ended the drain
-    assert gw.gateway.backends["big"].upstream.draining == 0
+    assert gw.gateway.backends["big"].first().upstream.draining == 0
     assert not gw.gateway.health.is_open("big")  # nobody's failure was counted twice
 
 
@@ -124,7 +124,7 @@ async def test_drain_still_cuts_a_stream(sdk: SdkClients, start: StartGateway) -
     await stream.close()
     await sim.wait_until(lambda e: e.records["cut"].aborted)
     await assert_idle(gw)
-    assert gw.gateway.backends["big"].upstream.draining == 0
+    assert gw.gateway.backends["big"].first().upstream.draining == 0
 
 
 async def test_drain_answers_a_client_that_stays(sdk: SdkClients, start: StartGateway) -> None:

@@ -15,9 +15,12 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from policies.config.auth import ApiKeyConfig, AuthConfig, BudgetConfig, Public
 from policies.config.backends import (
+    AffinityConfig,
     BackendConfig,
+    EndpointConfig,
     NonNegativeMoney,
     PriceConfig,
+    SignalsConfig,
     SimulatedSpec,
     target_problem,
 )
@@ -55,6 +58,7 @@ __all__ = [
     "COMPLEX_INTENTS",
     "CROSS_REFERENCE",
     "SIMPLE_INTENTS",
+    "AffinityConfig",
     "ApiKeyConfig",
     "ArmConfig",
     "ArmFallbackConfig",
@@ -64,6 +68,7 @@ __all__ = [
     "Config",
     "CoordinationConfig",
     "CoordinationMode",
+    "EndpointConfig",
     "ExperimentConfig",
     "FallbackWhen",
     "Intent",
@@ -80,6 +85,7 @@ __all__ = [
     "RouteConfig",
     "RouteFallbackConfig",
     "ServerConfig",
+    "SignalsConfig",
     "SimulatedSpec",
     "StrictModel",
     "check_experiments",
@@ -111,8 +117,26 @@ class Config(StrictModel):
             for loc, message in [
                 *cross_check(self.backends.keys(), self.routes),
                 *check_experiments(self.experiments, self.backends.keys(), self.routes),
+                *self._group_problems(),
             ]
         ]
         if errors:
             raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
+
+    def _group_problems(self) -> list[tuple[Loc, str]]:
+        """Replica names unique within each group (given and default ones alike); groups
+        of several replicas need local coordination for now (a shared pool in Redis
+        counts one replica per backend)."""
+        problems: list[tuple[Loc, str]] = []
+        for name, backend in self.backends.items():
+            names = [e.name for e in backend.replicas(name)]
+            if len(names) != len(set(names)):
+                problems.append((("backends", name, "endpoints"),
+                                 "endpoint names must be unique within a backend "
+                                 f"(defaults are {name}-0, {name}-1, ...)"))
+            if len(names) > 1 and self.coordination.mode is CoordinationMode.REDIS:
+                problems.append((("backends", name, "endpoints"),
+                                 "more than one endpoint needs coordination.mode: local "
+                                 "(shared pools count one replica per backend)"))
+        return problems

@@ -1,15 +1,21 @@
-"""The `backends` section: one engine (or a simulated one), its slots, timeouts and price.
+"""The `backends` section: a group of engine replicas (or simulated ones) serving one
+model behind one queue, their slots, how a replica is picked, timeouts and price.
 
 Pure data and validation: no YAML, no files, no environment lookups.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, HttpUrl, model_validator
 
 from policies.config.base import PositiveSeconds, StrictModel
+from policies.pick import EPSILON, PickMode
+from policies.prefix import BLOCK_BYTES
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENDPOINT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # a metric label and a header value
 
 
 class SimulatedSpec(StrictModel):
@@ -24,6 +30,10 @@ class SimulatedSpec(StrictModel):
     output_tokens: int = Field(default=64, ge=1, le=1_000_000)  # mean length when max_tokens allows
     output_tokens_spread: float = Field(default=0.0, ge=0, le=1)  # uniform +/- fraction of the mean
     seed: int | None = None
+    # A prefix cache of this many tokens (0: none): a prompt's blocks found in it skip prefill.
+    # Tokens are counted at 4 bytes of the rendered prompt each, as `policies.prefix` hashes it.
+    prefix_cache_tokens: int = Field(default=0, ge=0, le=100_000_000)
+    cache_block_tokens: int = Field(default=16, ge=1, le=65_536)  # tokens per cached block
 
 
 NonNegativeMoney = Annotated[float, Field(ge=0, le=1_000_000)]
@@ -57,24 +67,68 @@ class PriceConfig(StrictModel):
         return self
 
 
-def target_problem(url: object, simulated: object) -> str | None:
-    """A backend is either a real engine at `url` or an in-process simulated one."""
-    if (url is None) == (simulated is None):
-        return "give exactly one of 'url' or 'simulated'"
+def target_problem(url: object, simulated: object, endpoints: object = None) -> str | None:
+    """A backend is real engines at `url` or `endpoints`, or an in-process simulated one."""
+    given = [k for k, v in (("url", url), ("simulated", simulated), ("endpoints", endpoints))
+             if v is not None]
+    if len(given) != 1:
+        return ("give exactly one of 'url' or 'simulated'" if endpoints is None
+                and "endpoints" not in given else
+                "give exactly one of 'url', 'simulated' or 'endpoints'")
     if isinstance(url, HttpUrl) and (url.username or url.password):
         return "no credentials in 'url': put the key in the environment (api_key_env)"
     return None
 
 
+class EndpointConfig(StrictModel):
+    """One engine replica of a backend: where it answers and how many sequences it runs."""
+
+    name: str | None = Field(default=None, pattern=ENDPOINT_NAME)  # default <backend>-<i>
+    url: HttpUrl | None = None
+    simulated: SimulatedSpec | None = None
+    slots: int = Field(ge=1, le=100_000)
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)  # default: the backend's
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        if problem := target_problem(self.url, self.simulated):
+            raise ValueError(problem)
+        return self
+
+
+class AffinityConfig(StrictModel):
+    """Prefix affinity: prompts hashed in blocks; a bounded table of block -> replica."""
+
+    block_bytes: int = Field(default=BLOCK_BYTES, ge=16, le=65_536)
+    table_size: int = Field(default=100_000, ge=1, le=10_000_000)  # ~130 bytes per entry
+    # A replica may run (1 + load_bound) x the group's mean token load before affinity yields.
+    load_bound: float = Field(default=EPSILON, ge=0, le=10)
+
+
+class SignalsConfig(StrictModel):
+    """Engine metrics as a soft hint: each replica's Prometheus page read in the background;
+    its KV-cache pressure weighs the replica's load in the pick. A stale or failing read is
+    ignored; the gateway's own counts always decide who has a free slot."""
+
+    scrape: bool = False
+    path: str = Field(default="/metrics", pattern=r"^/[!-~]*$")  # at the engine's origin
+    every_s: PositiveSeconds = 5.0
+    stale_after_s: PositiveSeconds = 15.0  # an older reading counts as none
+
+
 class BackendConfig(StrictModel):
     url: HttpUrl | None = None
     simulated: SimulatedSpec | None = None
+    endpoints: tuple[EndpointConfig, ...] | None = Field(default=None, max_length=256)
+    pick: PickMode = PickMode.AFFINITY  # which replica of the group takes a request
+    affinity: AffinityConfig = AffinityConfig()
+    signals: SignalsConfig = SignalsConfig()
     model: str = Field(min_length=1, max_length=256)
-    slots: int = Field(ge=1, le=100_000)
+    slots: int = Field(ge=1, le=1_000_000)  # with `endpoints`: their sum, not given
     queue_limit: int = Field(default=0, ge=0, le=100_000)
     queue_timeout_s: PositiveSeconds = 60.0
     context_window: int | None = Field(default=None, ge=1)
-    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)
     connect_timeout_s: PositiveSeconds = 5.0
     first_byte_timeout_s: PositiveSeconds = 60.0
     idle_timeout_s: PositiveSeconds = 60.0
@@ -87,8 +141,40 @@ class BackendConfig(StrictModel):
     on_disconnect: Literal["abort", "drain"] = "abort"
     price: PriceConfig | None = None  # None: the ledger counts this backend as free
 
+    @model_validator(mode="before")
+    @classmethod
+    def _group_slots(cls, data: Any) -> Any:
+        """With `endpoints`, the backend's slots are theirs, summed."""
+        if not isinstance(data, dict) or data.get("endpoints") is None:
+            return data
+        if "slots" in data:
+            raise ValueError("with 'endpoints', give 'slots' per endpoint (the backend's "
+                             "are their sum)")
+        endpoints = data["endpoints"]
+        counts = [e.get("slots") for e in endpoints if isinstance(e, dict)] \
+            if isinstance(endpoints, list | tuple) else []
+        valid = [c for c in counts if isinstance(c, int) and c >= 1]
+        # An endpoint's bad slots are reported at its own key; the sum stays valid meanwhile.
+        return {**data, "slots": max(1, sum(valid))}
+
     @model_validator(mode="after")
     def _one_target(self) -> Self:
-        if problem := target_problem(self.url, self.simulated):
+        if problem := target_problem(self.url, self.simulated, self.endpoints):
             raise ValueError(problem)
+        if self.endpoints == ():
+            raise ValueError("'endpoints' lists no endpoint")
+        names = [e.name for e in self.endpoints or () if e.name is not None]
+        if len(names) != len(set(names)):
+            raise ValueError("endpoint names must be unique within a backend")
         return self
+
+    def replicas(self, backend: str) -> tuple[EndpointConfig, ...]:
+        """The group's endpoints with their names; `url` or `simulated` alone is a group of
+        one named for the backend."""
+        if self.endpoints is None:
+            return (EndpointConfig(name=backend, url=self.url, simulated=self.simulated,
+                                   slots=self.slots, api_key_env=self.api_key_env),)
+        return tuple(
+            e.model_copy(update={"name": e.name or f"{backend}-{i}",
+                                 "api_key_env": e.api_key_env or self.api_key_env})
+            for i, e in enumerate(self.endpoints))

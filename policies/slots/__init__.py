@@ -21,6 +21,7 @@ from policies.slots.base import (
     PoolUnavailable,
     QueueShed,
     QueueTimeout,
+    Seats,
     SlotPool,
     Ticket,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "PoolUnavailable",
     "QueueShed",
     "QueueTimeout",
+    "Seats",
     "SlotPool",
     "Ticket",
 ]

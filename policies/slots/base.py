@@ -14,7 +14,7 @@ side by side under one contract. No I/O here, and no import of an implementation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,11 +70,29 @@ class PoolSnapshot:
         return self.queue_room + self.sheddable
 
 
+@dataclass(frozen=True, slots=True)
+class Seats:
+    """One replica of a pool's group at one instant: its slots and how many are held. An
+    unhealthy replica's slots are outside the pool's capacity (it runs out what it holds)."""
+
+    name: str
+    slots: int
+    active: int
+    healthy: bool = True
+
+    @property
+    def free(self) -> int:
+        return max(0, self.slots - self.active) if self.healthy else 0
+
+
 class Lease(Protocol):
-    """One held slot. `release` is idempotent and must run on every path."""
+    """One held slot, on one replica. `release` is idempotent and must run on every path."""
 
     @property
     def pool(self) -> str: ...
+
+    @property
+    def replica(self) -> str: ...
 
     @property
     def held_s(self) -> float: ...
@@ -118,12 +136,19 @@ class SlotPool(Protocol):
 
     def watch(self, callback: Callable[[Any], None]) -> Callable[[], None]: ...
 
-    async def try_acquire(self) -> Lease | None: ...  # a free slot now, or None
+    # A free slot now (on the first replica of `prefer` that has one, else any), or None.
+    async def try_acquire(self, prefer: Sequence[str] = ()) -> Lease | None: ...
 
     async def enqueue(self, priority: Priority = Priority.STANDARD) -> Ticket | None:
         ...  # a ticket, or None when the queue is full (and holds no one to displace)
 
-    def resize(self, capacity: int, queue_limit: int) -> None: ...  # for new admissions
+    def seats(self) -> tuple[Seats, ...]: ...  # each replica's slots, held and health
+
+    def set_healthy(self, replica: str, healthy: bool) -> None: ...  # in or out of capacity
+
+    # For new admissions; `replicas`: each replica's slots (a group of one by default).
+    def resize(self, capacity: int, queue_limit: int,
+               replicas: Mapping[str, int] | None = None) -> None: ...
 
 
 Clock = Callable[[], float]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from policies.breaker import BreakerState
@@ -25,6 +25,7 @@ from policies.slots.base import (
     PoolSnapshot,
     PoolUnavailable,
     QueueTimeout,
+    Seats,
     Ticket,
 )
 from policies.slots.local import LocalSlotPool
@@ -127,13 +128,20 @@ class FailoverPool:
 
         return stop
 
-    def resize(self, capacity: int, queue_limit: int) -> None:
+    def seats(self) -> tuple[Seats, ...]:
+        return (Seats(self.name, self.capacity, self.active),)
+
+    def set_healthy(self, replica: str, healthy: bool) -> None:
+        """A group of one: its health is the backend's breaker's, not the pool's."""
+
+    def resize(self, capacity: int, queue_limit: int,
+               replicas: Mapping[str, int] | None = None) -> None:
         self.capacity, self.queue_limit = capacity, queue_limit
         self.shared.resize(capacity, queue_limit)
         if self.local is not None:
             self.local.resize(local_share(capacity, self.expected_replicas), queue_limit)
 
-    async def try_acquire(self) -> Lease | None:
+    async def try_acquire(self, prefer: Sequence[str] = ()) -> Lease | None:
         try:
             return await self.shared.try_acquire()
         except CoordinationError:

@@ -1,10 +1,11 @@
 """LocalSlotPool: one backend's slots and queue inside one process.
 
 `SlotPool` (`policies.slots.base`) is the role; `LocalSlotPool` is the in-process
-mechanism (asyncio, one event loop). The queue is ordered by priority class, then FIFO
-within a class. A release hands the slot straight to the first live waiter: no polling, no
-wake-all, no barging. When the queue is full, a newcomer of a higher class takes the place
-of the newest `sheddable` waiter, who is told so (`QueueShed`). No I/O here.
+mechanism (asyncio, one event loop). The backend is a group of replicas, each with its own
+slots, behind one queue ordered by priority class, then FIFO within a class. A release
+hands the slot (on the replica that freed it) straight to the first live waiter: no
+polling, no wake-all, no barging. When the queue is full, a newcomer of a higher class
+takes the place of the newest `sheddable` waiter, who is told so (`QueueShed`). No I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import time
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from policies.config import Priority
 from policies.eta import predict_waits
@@ -25,15 +26,17 @@ from policies.slots.base import (
     PoolSnapshot,
     QueueShed,
     QueueTimeout,
+    Seats,
 )
 
 
 class LocalLease:
-    __slots__ = ("_granted_at", "_pool", "released")
+    __slots__ = ("_granted_at", "_pool", "released", "replica")
 
-    def __init__(self, pool: LocalSlotPool, granted_at: float) -> None:
+    def __init__(self, pool: LocalSlotPool, granted_at: float, replica: str) -> None:
         self._pool = pool
         self._granted_at = granted_at
+        self.replica = replica
         self.released = False
 
     @property
@@ -161,8 +164,22 @@ class _Line:
         return ticket.seq - head - gone + 1
 
 
+class _Seat:
+    """One replica's slots; `slots` 0 once a reload removed it (it runs out what it holds)."""
+
+    __slots__ = ("active", "healthy", "slots")
+
+    def __init__(self, slots: int) -> None:
+        self.slots, self.active, self.healthy = slots, 0, True
+
+    @property
+    def free(self) -> bool:
+        return self.healthy and self.active < self.slots
+
+
 class LocalSlotPool:
-    """`capacity` slots and a FIFO queue of at most `queue_limit` tickets."""
+    """`capacity` slots (over `replicas`, a group of one by default) and a FIFO queue of at
+    most `queue_limit` tickets."""
 
     def __init__(
         self,
@@ -171,9 +188,11 @@ class LocalSlotPool:
         queue_limit: int,
         estimator: HoldTimeModel,
         clock: Clock = time.monotonic,
+        replicas: Mapping[str, int] | None = None,
     ) -> None:
         self.name = name
-        self.capacity = capacity
+        self._seats = {r: _Seat(n) for r, n in (replicas or {name: capacity}).items()}
+        self.capacity = self._healthy_slots()
         self.queue_limit = queue_limit
         self.estimator = estimator
         self.clock = clock
@@ -198,7 +217,7 @@ class LocalSlotPool:
         return PoolSnapshot(
             self.name,
             self.capacity,
-            self.active,
+            self.active if len(self._seats) == 1 else self._healthy_active(),
             self.queued,
             self.queue_limit,
             self.estimator.mean_s,
@@ -239,25 +258,48 @@ class LocalSlotPool:
         self._watchers.append(callback)
         return lambda: self._watchers.remove(callback)
 
-    def resize(self, capacity: int, queue_limit: int) -> None:
-        """New limits for new admissions. Leases held stay valid (a smaller pool admits
-        no one until enough are released); a larger one serves its waiters at once."""
-        self.capacity, self.queue_limit = capacity, queue_limit
-        while self.active < self.capacity and self.queued:
-            self.active += 1
-            self._grant_next(self.clock())
+    def seats(self) -> tuple[Seats, ...]:
+        return tuple(Seats(name, seat.slots, seat.active, seat.healthy)
+                     for name, seat in self._seats.items())
+
+    def set_healthy(self, replica: str, healthy: bool) -> None:
+        """An unhealthy replica's slots leave the capacity; back, they serve the line."""
+        seat = self._seats.get(replica)
+        if seat is None or seat.healthy == healthy:
+            return
+        seat.healthy = healthy
+        self.capacity = self._healthy_slots()
+        self._fill(self.clock(), ())
         self._changed()
 
-    async def try_acquire(self) -> LocalLease | None:
-        return self.acquire_nowait()
+    def resize(self, capacity: int, queue_limit: int,
+               replicas: Mapping[str, int] | None = None) -> None:
+        """New limits for new admissions. Leases held stay valid (a smaller pool admits
+        no one until enough are released; a removed replica runs out what it holds); a
+        larger one serves its waiters at once."""
+        wanted = replicas or {next(iter(self._seats)): capacity}
+        for name in list(self._seats):
+            if name not in wanted:
+                self._seats[name].slots = 0
+                if not self._seats[name].active:
+                    del self._seats[name]
+        for name, slots in wanted.items():
+            self._seats.setdefault(name, _Seat(slots)).slots = slots
+        self.capacity, self.queue_limit = self._healthy_slots(), queue_limit
+        self._fill(self.clock(), ())
+        self._changed()
 
-    def acquire_nowait(self) -> LocalLease | None:
+    async def try_acquire(self, prefer: Sequence[str] = ()) -> LocalLease | None:
+        return self.acquire_nowait(prefer)
+
+    def acquire_nowait(self, prefer: Sequence[str] = ()) -> LocalLease | None:
         # Newcomers never overtake waiters: a slot only becomes free when nobody waits.
-        if self.active >= self.capacity or self.queued:
+        if self.queued:
             return None
-        self.active += 1
-        lease = LocalLease(self, self.clock())
-        self._leases[lease] = lease._granted_at
+        replica = self._free_seat(prefer)
+        if replica is None:
+            return None
+        lease = self._take(replica, self.clock())
         self._changed()
         return lease
 
@@ -277,9 +319,8 @@ class LocalSlotPool:
         self._lines[rank].append(ticket)
         # Places move only if it lined up ahead of someone (a lower class waits).
         ahead = any(self._lines[lower] for lower in range(rank + 1, len(self._lines)))
-        if self.active < self.capacity:  # a free slot and an empty line: no release will come
-            self.active += 1
-            self._grant_next(self.clock())
+        if self._free_seat(()) is not None:  # a free slot, an empty line: no release will come
+            self._fill(self.clock(), ())
             ahead = True
         self._changed(moved=ahead)
         return ticket
@@ -298,20 +339,49 @@ class LocalSlotPool:
         now = self.clock()
         self._leases.pop(lease, None)
         self.estimator.observe(now - lease._granted_at)
-        self._grant_next(now)
+        seat = self._seats[lease.replica]
+        seat.active -= 1
+        self.active -= 1
+        if not seat.slots and not seat.active:  # a removed replica, run out
+            del self._seats[lease.replica]
+        self._fill(now, (lease.replica,))
         self._changed()
 
-    def _grant_next(self, now: float) -> None:
-        """Hand one slot (counted in `active`) to the first live waiter, else free it."""
+    def _fill(self, now: float, prefer: Sequence[str]) -> None:
+        """Hand free slots (first on `prefer`'s replicas) to the first live waiters."""
         for line in self._lines:
             while line:
+                replica = self._free_seat(prefer)
+                if replica is None:
+                    return
                 ticket = line.pop_head()
                 if not ticket._future.done():  # skip tickets cancelled but not yet gone
-                    handed = LocalLease(self, now)
-                    self._leases[handed] = now
-                    ticket._future.set_result(handed)
-                    return
-        self.active -= 1
+                    ticket._future.set_result(self._take(replica, now))
+
+    def _take(self, replica: str, now: float) -> LocalLease:
+        self._seats[replica].active += 1
+        self.active += 1
+        lease = LocalLease(self, now, replica)
+        self._leases[lease] = now
+        return lease
+
+    def _free_seat(self, prefer: Sequence[str]) -> str | None:
+        """The first replica with a free slot: of `prefer`, else in config order."""
+        seats = self._seats
+        for name in prefer:
+            seat = seats.get(name)
+            if seat is not None and seat.free:
+                return name
+        for name, seat in seats.items():
+            if seat.free:
+                return name
+        return None
+
+    def _healthy_slots(self) -> int:
+        return sum(seat.slots for seat in self._seats.values() if seat.healthy)
+
+    def _healthy_active(self) -> int:
+        return sum(seat.active for seat in self._seats.values() if seat.healthy)
 
     def _changed(self, moved: bool = True) -> None:
         if moved:  # an arrival at the back changes no wait ahead of it

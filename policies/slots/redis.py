@@ -23,7 +23,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from policies.breaker import BreakerState
 from policies.config import Priority
@@ -35,6 +35,7 @@ from policies.slots.base import (
     PoolSnapshot,
     QueueShed,
     QueueTimeout,
+    Seats,
 )
 from policies.slots.coordinator import RETRIES, RedisCoordinator
 from policies.slots.lua import KEY_NAMES, SHED, WAKING_KINDS
@@ -57,6 +58,10 @@ class RedisLease:
     @property
     def pool(self) -> str:
         return self._pool.name
+
+    @property
+    def replica(self) -> str:
+        return self._pool.name  # a shared pool is a group of one replica
 
     @property
     def held_s(self) -> float:
@@ -204,13 +209,20 @@ class RedisSlotPool:
         self._watchers.append(callback)
         return lambda: self._watchers.remove(callback)
 
-    def resize(self, capacity: int, queue_limit: int) -> None:
+    def seats(self) -> tuple[Seats, ...]:
+        return (Seats(self.name, self.capacity, self.active),)
+
+    def set_healthy(self, replica: str, healthy: bool) -> None:
+        """A group of one: its health is the backend's breaker's, not the pool's."""
+
+    def resize(self, capacity: int, queue_limit: int,
+               replicas: Mapping[str, int] | None = None) -> None:
         """New limits, passed to every script from now on; waiters here re-check."""
         self.capacity, self.queue_limit = capacity, queue_limit
         self._forecasts.clear()
         self.wake()
 
-    async def try_acquire(self) -> RedisLease | None:
+    async def try_acquire(self, prefer: Sequence[str] = ()) -> RedisLease | None:
         lease_id = _new_id()
         try:
             token, *counts = await self.coordinator.call(

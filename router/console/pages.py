@@ -169,7 +169,8 @@ def pools_event(gw: Gateway) -> bytes:
 
 
 def pool_rows(gw: Gateway, now: float | None = None) -> list[dict[str, object]]:
-    """One row per pool: slots, queue, next-slot ETA, 429s and fallbacks in the last minute."""
+    """One row per pool: slots, queue, next-slot ETA, 429s and fallbacks in the last minute,
+    and its replicas' slots."""
     rejected, fallback = _recent_counts(gw, time.perf_counter() if now is None else now)
     rows: list[dict[str, object]] = []
     for name, backend in gw.backends.items():
@@ -188,6 +189,9 @@ def pool_rows(gw: Gateway, now: float | None = None) -> list[dict[str, object]]:
             "eta_s": round(pool.forecast(1), 3) if full else 0.0,
             "rejected_1m": rejected.get(name, 0),
             "fallback_1m": fallback.get(name, 0),
+            # each replica of its group (one for a plain backend)
+            "replicas": [{"name": s.name, "slots": s.slots, "active": s.active,
+                          "healthy": s.healthy} for s in pool.seats()],
         })
     return rows
 

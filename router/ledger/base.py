@@ -52,6 +52,9 @@ class LedgerRow:
     cost: float  # in the config's currency
     counterfactual_cost: float  # the same request on the route's primary (estimated)
     key_id: str | None = None  # the configured API key's id (auth on); budgets are kept by it
+    # The engine of the backend's group that served it (`endpoint` above is the API path);
+    # None when it reached no engine, or in rows written before the ledger kept it.
+    replica: str | None = None
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))

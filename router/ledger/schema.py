@@ -32,6 +32,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "CREATE INDEX requests_experiment_ts ON requests (experiment, ts)")),
     (2, ("ALTER TABLE requests ADD COLUMN key_id TEXT",
          "CREATE INDEX requests_key_ts ON requests (key_id, ts)")),
+    (3, ("ALTER TABLE requests ADD COLUMN replica TEXT",)),  # rows before it: NULL
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

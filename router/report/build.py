@@ -21,6 +21,13 @@ For every group, over its rows:
   out, or whose client left while queued, count with the time they waited.
 - ttft: over the rows with `ttft_ms` set.  estimated_share: rows with `tokens_estimated`.
 
+Replicas: when some backend's rows name more than one replica (the engine of the backend's
+group that served them), "replicas" lists every backend of the rows (all arms together) with
+its figures and, within it, each replica's, whose `share` is its part of the backend's
+requests. Rows of a backend that reached no engine (rejected or timed out in the queue, or
+written before the ledger kept the replica) form the replica "(none)". With one engine per
+backend the key is absent, so such a report is the same as before the ledger kept replicas.
+
 Quantiles are numpy's "linear" method (Hyndman & Fan type 7, R's default) everywhere,
 inside the bootstrap too. Comparisons of each arm with the baseline arm use a 95 %
 percentile bootstrap: each arm's rows are resampled independently, with a fresh
@@ -78,7 +85,7 @@ def build_report(
         raise ValueError(f"baseline arm {baseline!r} is not in the ledger (arms: "
                          f"{', '.join(arms)})")
     first, last = min(r.ts for r in rows), max(r.ts for r in rows)
-    return {
+    report: dict[str, Any] = {
         "header": {
             "rows": len(rows),
             "currency": currency,
@@ -104,6 +111,9 @@ def build_report(
         ],
         "timeseries": timeseries(by_arm, first, last, buckets),
     }
+    if (replicas := replica_breakdown(rows)) is not None:
+        report["replicas"] = replicas
+    return report
 
 
 def group_stats(rows: Sequence[LedgerRow]) -> dict[str, Any]:
@@ -150,6 +160,22 @@ def group_stats(rows: Sequence[LedgerRow]) -> dict[str, Any]:
         "ttft_p50_ms": ttft_p50,
         "ttft_p95_ms": ttft_p95,
     }
+
+
+def replica_breakdown(rows: Sequence[LedgerRow]) -> list[dict[str, Any]] | None:
+    """Each backend's figures with its replicas'; None unless some backend had several."""
+    by_backend = _group_by((r for r in rows if r.backend is not None), lambda r: r.backend)
+    if all(len({r.replica for r in rs if r.replica is not None}) < 2
+           for rs in by_backend.values()):
+        return None
+    return [
+        {"backend": backend, **group_stats(backend_rows),
+         "replicas": [{"replica": name, "share": len(replica_rows) / len(backend_rows),
+                       **group_stats(replica_rows)}
+                      for name, replica_rows in _group_by(backend_rows,
+                                                          lambda r: r.replica).items()]}
+        for backend, backend_rows in by_backend.items()
+    ]
 
 
 def is_served(row: LedgerRow) -> bool:

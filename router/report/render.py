@@ -1,8 +1,8 @@
 """The cost report (`router.report.build.build_report`) as text, CSV, JSON or one HTML page.
 
-The HTML page is self-contained: inline CSS, charts drawn here as inline SVG, no script and
-no URL of any kind (its Content-Security-Policy forbids loading anything), so it opens
-offline and can be mailed as one file. Every string from the ledger is HTML-escaped.
+The HTML page is self-contained: inline CSS, charts as inline SVG (`router.report.charts`),
+no script and no URL of any kind (its Content-Security-Policy forbids loading anything), so
+it opens offline and can be mailed as one file. Every string from the ledger is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
-from math import log10
 from typing import Any
 
 import orjson
+
+from router.report.charts import cost_chart, share_chart, wait_chart
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +56,13 @@ CSV_KEYS: tuple[str, ...] = (
     "counterfactual_cost", "saving", "saving_pct", "queue_wait_n", "queue_wait_p50_ms",
     "queue_wait_p95_ms", "ttft_n", "ttft_p50_ms", "ttft_p95_ms",
 )
-PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04")
-COST_COLOR, COUNTERFACTUAL_COLOR = "#0f766e", "#9ca3af"
+REPLICAS_TITLE = "Replicas per backend (all arms; share of the backend's requests; tokens)"
+REPLICA_COLUMNS: tuple[Column, ...] = (
+    Column("requests", "requests", "count"), Column("share", "share", "share"),
+    Column("prompt_tokens", "prompt", "count"), Column("completion_tokens", "compl.", "count"),
+    Column("cost", "cost", "money"), Column("ttft_p50_ms", "TTFT p50", "ms"),
+    Column("ttft_p95_ms", "TTFT p95", "ms"),
+)
 LABEL_WIDTH = 22
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -82,19 +88,41 @@ def groups(report: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]
     return out
 
 
+def replica_groups(report: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(scope, backend, replica, figures) for each backend of the replica breakdown and each
+    of its replicas; none when the report has no breakdown (one engine per backend)."""
+    out = []
+    for b in report.get("replicas", ()):
+        out.append(("backend", b["backend"], "", b))
+        out.extend(("replica", b["backend"], r["replica"], r) for r in b["replicas"])
+    return out
+
+
 def render_json(report: dict[str, Any]) -> str:
     return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
 def render_csv(report: dict[str, Any]) -> str:
-    """One line per group (total, arms, backends within arms) under a header row."""
+    """One line per group (total, arms, backends within arms) under a header row.
+
+    With a replica breakdown, two more columns, replica and share, and a line per replica
+    of each backend (scope "replica", all arms: arm empty).
+    """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(("scope", "arm", "backend", *CSV_KEYS))
+    replicas = [g for g in replica_groups(report) if g[0] == "replica"]
+    extra: tuple[str, ...] = ("", "") if replicas else ()
+    writer.writerow(("scope", "arm", "backend", *CSV_KEYS, *(("replica", "share") if replicas
+                                                             else ())))
     for scope, arm, backend, figures in groups(report):
-        writer.writerow((scope, arm, backend,
-                         *("" if figures[k] is None else figures[k] for k in CSV_KEYS)))
+        writer.writerow((scope, arm, backend, *_csv_figures(figures), *extra))
+    for scope, backend, replica, figures in replicas:
+        writer.writerow((scope, "", backend, *_csv_figures(figures), replica, figures["share"]))
     return buffer.getvalue()
+
+
+def _csv_figures(figures: dict[str, Any]) -> list[Any]:
+    return ["" if figures[k] is None else figures[k] for k in CSV_KEYS]
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -105,8 +133,20 @@ def render_text(report: dict[str, Any]) -> str:
         for scope, arm, backend, figures in groups(report):
             label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
             lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
-    lines += _text_comparisons(report) + _text_timeseries(report)
+    lines += _text_replicas(report) + _text_comparisons(report) + _text_timeseries(report)
     return "\n".join(lines) + "\n"
+
+
+def _text_replicas(report: dict[str, Any]) -> list[str]:
+    found = replica_groups(report)
+    if not found:
+        return []
+    lines = ["", REPLICAS_TITLE, _text_row("", [c.label for c in REPLICA_COLUMNS])]
+    for scope, backend, replica, figures in found:
+        label = backend if scope == "backend" else "  " + replica
+        lines.append(_text_row(label, [fmt(figures.get(c.key), c.kind)
+                                       for c in REPLICA_COLUMNS]))
+    return lines
 
 
 def _text_header(report: dict[str, Any]) -> list[str]:
@@ -185,8 +225,6 @@ def _text_timeseries(report: dict[str, Any]) -> list[str]:
 
 # ---- HTML -----------------------------------------------------------------------------
 
-W, H = 680, 280
-LEFT, RIGHT, TOP, BOTTOM = 76, 20, 16, 46
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1040px;color:#1f2937}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}
@@ -198,25 +236,31 @@ svg.chart{display:block;background:#fafafa;border:1px solid #e5e7eb}
 svg text{font-size:11px;fill:#4b5563}.legend span{margin-right:14px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px}
 """
+# Only on a page with the replica breakdown: the page of one engine per backend is unchanged.
+REPLICA_CSS = "tr.group td{font-weight:600}tr.replica td:first-child{padding-left:24px}\n"
 
 
 def render_html(report: dict[str, Any]) -> str:
     h = report["header"]
     title = f"slotgate cost report: {h['first']} to {h['last']}"
+    replicas = replica_groups(report)
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta http-equiv='Content-Security-Policy' "
         "content=\"default-src 'none'; style-src 'unsafe-inline'\">",
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<title>{escape(title)}</title><style>{CSS}{REPLICA_CSS if replicas else ''}</style>"
+        "</head><body>",
         f"<h1>{escape(title)}</h1>",
         _html_header(report),
         _html_comparisons(report),  # the answer first: what the arms changed, with its CI
-        "<h2>Cost per arm</h2>", _cost_chart(report),
-        "<h2>Queue wait per arm</h2>", _wait_chart(report),
-        "<h2>Share served by fallback over time</h2>", _share_chart(report),
+        "<h2>Cost per arm</h2>", cost_chart(report),
+        "<h2>Queue wait per arm</h2>", wait_chart(report),
+        "<h2>Share served by fallback over time</h2>", share_chart(report),
     ]
     for name, columns in SECTIONS.items():
         parts += [f"<h2>{escape(name)}</h2>", _html_groups(report, columns)]
+    if replicas:
+        parts += [f"<h2>{escape(REPLICAS_TITLE)}</h2>", _html_replicas(replicas)]
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
@@ -242,6 +286,17 @@ def _html_groups(report: dict[str, Any], columns: Sequence[Column]) -> str:
     return "<div class='scroll'><table>" + "".join(rows) + "</table></div>"
 
 
+def _html_replicas(found: list[tuple[str, str, str, dict[str, Any]]]) -> str:
+    head = "".join(f"<th>{escape(c.label)}</th>" for c in REPLICA_COLUMNS)
+    rows = [f"<tr><th>backend / replica</th>{head}</tr>"]
+    for scope, backend, replica, figures in found:
+        label, row_class = (backend, "group") if scope == "backend" else (replica, "replica")
+        cells = "".join(f"<td>{escape(fmt(figures.get(c.key), c.kind))}</td>"
+                        for c in REPLICA_COLUMNS)
+        rows.append(f"<tr class='{row_class}'><td>{escape(label)}</td>{cells}</tr>")
+    return "<div class='scroll'><table>" + "".join(rows) + "</table></div>"
+
+
 def _html_comparisons(report: dict[str, Any]) -> str:
     h = report["header"]
     rows = ["<tr><th>arm</th><th>cost per request</th><th>diff</th><th>CI</th>"
@@ -257,141 +312,3 @@ def _html_comparisons(report: dict[str, Any]) -> str:
                f"percentile bootstrap, {h['resamples']:,} resamples, seed {h['seed']}")
     return (f"<h2>Comparison</h2><p>{escape(caption)}</p><div class='scroll'><table>"
             + "".join(rows) + "</table></div>")
-
-
-def _svg(title: str, body: list[str], legend: Sequence[tuple[str, str]]) -> str:
-    keys = "".join(f"<span><i style='background:{color}'></i>{escape(name)}</span>"
-                   for name, color in legend)
-    return (f"<svg class='chart' role='img' aria-label='{escape(title)}' width='{W}' "
-            f"height='{H}' viewBox='0 0 {W} {H}'><title>{escape(title)}</title>"
-            + "".join(body) + f"</svg><p class='legend'>{keys}</p>")
-
-
-def _scale(lo: float, hi: float, start: float, end: float) -> Callable[[float], float]:
-    span = (hi - lo) or 1.0
-    return lambda v: start + (v - lo) / span * (end - start)
-
-
-def _nice_top(value: float) -> float:
-    """The smallest 1, 2 or 5 times a power of ten at or above `value` (1 for nothing)."""
-    if value <= 0:
-        return 1.0
-    step = 10.0 ** int(f"{value:e}".split("e")[1])
-    return next(m * step for m in (1, 2, 5, 10) if m * step >= value)
-
-
-def _y_axis(y: Callable[[float], float], ticks: Sequence[tuple[float, str]]) -> list[str]:
-    out = []
-    for value, label in ticks:
-        py = y(value)
-        out.append(f"<line x1='{LEFT}' x2='{W - RIGHT}' y1='{py:.1f}' y2='{py:.1f}' "
-                   f"stroke='#e5e7eb'/><text x='{LEFT - 6}' y='{py + 4:.1f}' "
-                   f"text-anchor='end'>{escape(label)}</text>")
-    return out
-
-
-def _x_label(x: float, label: str, anchor: str = "middle") -> str:
-    return (f"<text x='{x:.1f}' y='{H - BOTTOM + 16}' text-anchor='{anchor}'>"
-            f"{escape(label)}</text>")
-
-
-def _cost_chart(report: dict[str, Any]) -> str:
-    arms, currency = report["arms"], report["header"]["currency"]
-    top = _nice_top(max(max(a["cost"], a["counterfactual_cost"]) for a in arms))
-    y = _scale(0, top, H - BOTTOM, TOP)
-    body = _y_axis(y, [(top * i / 4, f"{top * i / 4:,.4g}") for i in range(5)])
-    slot = (W - LEFT - RIGHT) / len(arms)
-    bar = min(56.0, slot * 0.32)
-    for i, arm in enumerate(arms):
-        middle = LEFT + slot * (i + 0.5)
-        for offset, key, color in ((-bar - 2, "cost", COST_COLOR),
-                                   (2, "counterfactual_cost", COUNTERFACTUAL_COLOR)):
-            value = arm[key]
-            tip = f"{arm['arm']}: {key.replace('_', ' ')} {value:,.4f} {currency}"
-            left = middle + offset
-            body.append(f"<rect class='mark bar' x='{left:.1f}' y='{y(value):.1f}' "
-                        f"width='{bar:.1f}' height='{y(0) - y(value):.1f}' fill='{color}'>"
-                        f"<title>{escape(tip)}</title></rect><text x='{left + bar / 2:.1f}' "
-                        f"y='{y(value) - 4:.1f}' text-anchor='middle'>{value:,.4g}</text>")
-        body.append(_x_label(middle, arm["arm"]))
-    legend = [("cost", COST_COLOR), ("all on the primary (counterfactual)", COUNTERFACTUAL_COLOR)]
-    return _svg(f"Total cost per arm and its all-primary counterfactual ({currency})", body,
-                legend)
-
-
-def _wait_chart(report: dict[str, Any]) -> str:
-    """The distribution of queue waits per arm as a CDF, x on a log(1 + ms) scale."""
-    arms = [a for a in report["arms"] if a["queue_wait_percentiles_ms"]]
-    longest = max((a["queue_wait_percentiles_ms"][-1] for a in arms), default=0.0)
-    top = _nice_top(max(longest, 1.0))
-    log_x = _scale(0, _log1p10(top), LEFT, W - RIGHT)
-
-    def x(ms: float) -> float:
-        return log_x(_log1p10(ms))
-
-    y = _scale(0, 1, H - BOTTOM, TOP)
-    body = _y_axis(y, [(q / 4, f"{25 * q}%") for q in range(5)])
-    ticks = [0.0] + [10.0 ** k for k in range(6) if 10.0 ** k <= top]
-    body += [_x_label(x(t), f"{t / 1000:g} s" if t >= 1000 else f"{t:g} ms") for t in ticks]
-    for arm in arms:
-        color = _arm_color(report, arm["arm"])
-        values = arm["queue_wait_percentiles_ms"]
-        points = " L".join(f"{x(v):.1f},{y(p / 100):.1f}" for p, v in enumerate(values))
-        body.append(f"<path class='mark line' d='M{points}' fill='none' stroke='{color}' "
-                    f"stroke-width='2'><title>{escape(arm['arm'])}</title></path>")
-        for p in (50, 95):
-            tip = f"{arm['arm']}: p{p} {values[p]:,.1f} ms"
-            body.append(_point(x(values[p]), y(p / 100), color, tip))
-    return _svg("Queue wait per arm: share of requests that waited at most x (CDF)", body,
-                [(a["arm"], _arm_color(report, a["arm"])) for a in arms])
-
-
-def _share_chart(report: dict[str, Any]) -> str:
-    ts = report["timeseries"]
-    n = len(ts["starts"])
-    x = _scale(-0.5, n - 0.5, LEFT, W - RIGHT)
-    y = _scale(0, 1, H - BOTTOM, TOP)
-    body = _y_axis(y, [(q / 4, f"{25 * q}%") for q in range(5)])
-    edges = [(-0.5, ts["first_ts"], "start"), ((n - 1) / 2, (ts["first_ts"] + ts["last_ts"]) / 2,
-              "middle"), (n - 0.5, ts["last_ts"], "end")]
-    body += [_x_label(x(i), _clock(t), anchor) for i, t, anchor in edges]
-    for arm in ts["arms"]:
-        color = _arm_color(report, arm["arm"])
-        for segment in _segments(arm["fallback_share"]):
-            d = " L".join(f"{x(i):.1f},{y(s):.1f}" for i, s in segment)
-            body.append(f"<path class='mark line' d='M{d}' fill='none' stroke='{color}' "
-                        f"stroke-width='2'><title>{escape(arm['arm'])}</title></path>")
-        for i, share in enumerate(arm["fallback_share"]):
-            if share is not None:
-                tip = f"{arm['arm']}: {100 * share:.1f}% of {arm['requests'][i]:,} requests"
-                body.append(_point(x(i), y(share), color, tip))
-    return _svg("Share served by fallback per time bucket and arm", body,
-                [(a["arm"], _arm_color(report, a["arm"])) for a in ts["arms"]])
-
-
-def _segments(shares: Sequence[float | None]) -> list[list[tuple[int, float]]]:
-    """Runs of defined values, so a bucket with nothing served leaves a gap in the line."""
-    runs: list[list[tuple[int, float]]] = [[]]
-    for i, share in enumerate(shares):
-        if share is None:
-            runs.append([])
-        else:
-            runs[-1].append((i, share))
-    return [run for run in runs if len(run) > 1]
-
-
-def _point(x: float, y: float, color: str, tip: str) -> str:
-    return (f"<circle class='mark point' cx='{x:.1f}' cy='{y:.1f}' r='3.5' fill='{color}'>"
-            f"<title>{escape(tip)}</title></circle>")
-
-
-def _arm_color(report: dict[str, Any], arm: str) -> str:
-    return PALETTE[report["header"]["arms"].index(arm) % len(PALETTE)]
-
-
-def _log1p10(ms: float) -> float:
-    return log10(1 + ms)
-
-
-def _clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")

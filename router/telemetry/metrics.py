@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.failures import FailureKind, metric_kind
+from policies.pick import PickReason
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.tallies import Spread, Tally
 
@@ -63,8 +64,20 @@ class Metrics:
         self.auth_failures = Tally("slotgate_auth_failures", "Requests refused by the key "
                                    "check: no, wrong or duplicate key, or not an admin key",
                                    ["code"])
+        # Each replica of a backend's group (`endpoint`: the replica's name, from the
+        # config). Its slots and health are read at scrape time (_ReplicaCollector).
+        r.register(_ReplicaCollector(self._pools))
+        self.replica_requests = Tally("slotgate_replica_requests", "Requests a replica "
+                                      "served", ["backend", "endpoint", "status"])
+        self.replica_ttft = Spread("slotgate_replica_ttft_seconds", "Time to the first byte "
+                                   "of the answer, per replica", ["backend", "endpoint"],
+                                   BUCKETS)
+        self.picks = Tally("slotgate_replica_picks", "Why a group's request was offered "
+                           "its replica", ["backend", "reason"])
+        self._groups: set[str] = set()  # the pools of more than one replica
         for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
-                      self.auth_failures):
+                      self.auth_failures, self.replica_requests, self.replica_ttft,
+                      self.picks):
             r.register(tally)
 
     def held(self, pool: str, seconds: float) -> None:
@@ -83,9 +96,16 @@ class Metrics:
         self.registry.register(_LedgerCollector(ledger))
 
     def watch(self, pool: SlotPool) -> None:
+        """Export the pool's series, zeros before its first request (again after a reload
+        changed it: a backend may have become a group)."""
         self._pools[pool.name] = pool
-        self.queue_wait.labels(pool.name)  # export zeros before the first request
+        self.queue_wait.labels(pool.name)
         self.holding.series((pool.name,))
+        self._groups.discard(pool.name)
+        if len(pool.seats()) > 1:
+            self._groups.add(pool.name)
+            for reason in PickReason:
+                self.picks.add((pool.name, reason.value), 0.0)
 
     def record(self, rec: RequestRecord, primary: str | None,
                failed: FailureKind | None = None) -> None:
@@ -110,6 +130,14 @@ class Metrics:
         if rec.prompt_tokens is not None:
             self.tokens.add((rec.backend, "in"), rec.prompt_tokens)
             self.tokens.add((rec.backend, "out"), rec.completion_tokens or 0)
+        if rec.pick is not None and rec.backend in self._groups:  # a retry elsewhere may
+            self.picks.add((rec.backend, rec.pick))  # leave its first group's pick behind
+        if rec.replica is not None:
+            if rec.status:
+                self.replica_requests.add((rec.backend, rec.replica, f"{rec.status // 100}xx"))
+            if rec.ttft_ms is not None:
+                self.replica_ttft.observe(self.replica_ttft.series((rec.backend, rec.replica)),
+                                          rec.ttft_ms / 1000)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -134,6 +162,29 @@ class _PoolCollector(Collector):
             for name, pool in self.pools.items():
                 family.add_metric([name], getattr(pool, attribute))
             yield family
+
+
+class _ReplicaCollector(Collector):
+    """Each replica's slots held, slots and health, as they are when scraped (an unhealthy
+    replica's slots are outside its pool's capacity: 0)."""
+
+    def __init__(self, pools: dict[str, SlotPool]) -> None:
+        self.pools = pools
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["backend", "endpoint"]
+        active = GaugeMetricFamily("slotgate_replica_active_slots",
+                                   "Slots held now on the replica", labels=labels)
+        capacity = GaugeMetricFamily("slotgate_replica_slot_capacity", "The replica's slots "
+                                     "(0 while unhealthy)", labels=labels)
+        healthy = GaugeMetricFamily("slotgate_replica_healthy", "1 while the replica's slots "
+                                    "serve, 0 while it is out of its pool", labels=labels)
+        for name, pool in self.pools.items():
+            for seats in pool.seats():
+                active.add_metric([name, seats.name], seats.active)
+                capacity.add_metric([name, seats.name], seats.slots if seats.healthy else 0)
+                healthy.add_metric([name, seats.name], 1.0 if seats.healthy else 0.0)
+        yield from (active, capacity, healthy)
 
 
 class _LedgerCollector(Collector):

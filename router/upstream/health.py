@@ -175,6 +175,13 @@ class BackendHealth:
         err.headers["Retry-After"] = str(max(retry_min_s, math.ceil(self.retry_in_s(chain))))
         return err
 
+    def open(self, name: str) -> None:
+        """Take `name` out of service now (its group has no replica left): its line moves
+        to the route's fallbacks and its health checks bring it back."""
+        breaker = self.breakers.get(name)
+        while breaker is not None and breaker.state is BreakerState.CLOSED:
+            breaker.failure()
+
     def succeeded(self, name: str) -> None:
         breaker = self.breakers.get(name)
         if breaker is not None:

@@ -58,7 +58,9 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
               coordinator: RedisCoordinator | None) -> SlotPool:
     estimator = HoldTimeModel(backend.initial_hold_s)
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
-        return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator)
+        replicas = {e.name or name: e.slots for e in backend.replicas(name)}
+        return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator,
+                             replicas=replicas)
     from policies.slots.failover import FailoverPool, local_share
     from policies.slots.redis import RedisSlotPool
 

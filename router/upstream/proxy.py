@@ -46,12 +46,15 @@ class ClientGone(Exception):
 
 @dataclass(slots=True)
 class Upstream:
-    """One backend as the proxy sees it: where, with which key, over which connections."""
+    """One engine replica of a backend as the proxy sees it: where, with which key, over
+    which connections."""
 
-    name: str
+    name: str  # the backend's
     config: BackendConfig
     base_url: str  # the OpenAI base, ending in /v1
     http: HttpPool  # kept across config reloads: one pool of keep-alive connections
+    key_env: str | None = None  # the environment variable holding its API key
+    replica: str = ""  # its endpoint name (the backend's own for a group of one)
     draining: int = field(default=0, init=False)  # answers read for clients that left
     _targets: dict[str, Target] = field(default_factory=dict, init=False, repr=False)
 
@@ -69,13 +72,13 @@ class Upstream:
     def auth_header(self) -> str | None:
         key = self.secret()
         if key and not key.isprintable():  # a line break would split the header
-            raise ApiError(500, f"The key of backend '{self.name}' (${self.config.api_key_env})"
+            raise ApiError(500, f"The key of backend '{self.name}' (${self.key_env})"
                            " holds a control character.", "server_error", "backend_key_invalid")
         return f"Bearer {key}" if key else None
 
     def secret(self) -> str | None:
         """The backend's API key (from its environment variable), if it has one."""
-        env = self.config.api_key_env
+        env = self.key_env
         return os.environ.get(env) or None if env else None
 
 

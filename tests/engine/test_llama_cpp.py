@@ -235,6 +235,37 @@ async def test_three_at_once_one_runs_two_queue_in_the_gateway(
     await assert_idle(gw)
 
 
+async def test_the_two_engines_as_one_group_of_two_endpoints(
+    start: StartGateway, idle: Engines, connect: Connect
+) -> None:
+    raw = engine_config(idle)
+    big = raw["backends"]["big"]
+    del big["url"], big["slots"]
+    big["endpoints"] = [{"url": idle.primary.url + "/v1", "slots": 1, "name": "primary"},
+                        {"url": idle.fallback.url + "/v1", "slots": 1, "name": "fallback"}]
+    gw = await start(raw)
+    pool = gw.gateway.backends["big"].pool
+    peaks = {"primary": 0, "fallback": 0}
+
+    def watch(p: Any) -> None:
+        for seat in p.seats():
+            peaks[seat.name] = max(peaks[seat.name], seat.active)
+
+    unwatch = pool.watch(watch)
+    client = connect(gw)
+    tasks = [asyncio.create_task(stream_raw(client, f"g{i}", max_tokens=24)) for i in range(4)]
+    try:
+        await wait_pools(gw, lambda s: s["big"] == (2, 2), within_s=60)  # both run, two wait
+        results = await asyncio.gather(*tasks)
+    finally:
+        unwatch()
+    assert peaks == {"primary": 1, "fallback": 1}  # each engine ran one generation at a time
+    for result in results:
+        assert result.token_times and result.lines[-1] == "data: [DONE]"
+    assert {record(gw, f"g{i}").replica for i in range(4)} == {"primary", "fallback"}
+    await assert_idle(gw)
+
+
 async def test_a_simple_request_goes_to_the_fallback_while_the_primary_is_busy(
     start: StartGateway, idle: Engines, connect: Connect
 ) -> None:
@@ -300,7 +331,7 @@ async def test_an_abandoned_non_stream(
     keeps the slot until the engine's answer ends, and the next request waits in line."""
     gw = await start(engine_config(idle, on_disconnect=setting))
     client = connect(gw)
-    upstream, tokens = gw.gateway.backends["big"].upstream, 160
+    upstream, tokens = gw.gateway.backends["big"].first().upstream, 160
     leaver = asyncio.create_task(client.chat.completions.create(
         model="chat", messages=ASK, max_tokens=tokens, logit_bias=NO_EOS,
         extra_headers={"X-Request-Id": rid("leaver")}))

@@ -78,10 +78,13 @@ def gateway_config(
 StartGateway = Callable[[dict[str, Any]], Awaitable[RunningGateway]]
 
 
-def engine(gw: RunningGateway, backend: str = "big") -> SimEngine:
-    sim = gw.gateway.backends[backend].simulator
+def engine(gw: RunningGateway, backend: str = "big", replica: str | None = None) -> SimEngine:
+    """The simulated engine of `backend` (of its `replica`, else its first)."""
+    group = gw.gateway.backends[backend]
+    sim = (group.replicas[replica] if replica is not None else group.first()).simulator
     assert sim is not None, f"backend {backend} is not simulated"
-    return sim.engine
+    engine: SimEngine = sim.engine
+    return engine
 
 
 def pools_of(gw: RunningGateway) -> dict[str, SlotPool]:

@@ -77,11 +77,52 @@ function makeCard(pool) {
 
   const slotsBlock = el("div");
   slotsBlock.append(slotsRow, slots);
+  const replicas = el("div", "replicas");
+  replicas.hidden = true;
+  slotsBlock.append(replicas);
   const queueBlock = el("div");
   queueBlock.append(queueRow, queue);
   root.append(title, slotsBlock, queueBlock, figures);
   return { root, slots, slotsText, queue, queueFill, queueText, eta, rejected, fallback,
-           capacity: -1 };
+           capacity: -1, id, replicas, replicaNames: "", replicaRows: [] };
+}
+
+// A group of replicas: one thin bar per replica under the pool's bar (none for one).
+function renderReplicas(card, pool) {
+  const list = Array.isArray(pool.replicas) ?
+    pool.replicas.filter((r) => r && typeof r.name === "string") : [];
+  const shown = list.length > 1 ? list : [];
+  const names = JSON.stringify(shown.map((r) => r.name));
+  if (card.replicaNames !== names) {
+    card.replicaNames = names;
+    card.replicaRows = shown.map((r, i) => {
+      const row = el("div", "replica");
+      row.dataset.replica = r.name;
+      const [label, text] = labelled(r.name, `${card.id}-replica-${i}`);
+      const bar = el("div", "meter");
+      bar.setAttribute("role", "meter");
+      bar.setAttribute("aria-labelledby", `${card.id}-replica-${i}`);
+      bar.setAttribute("aria-valuemin", "0");
+      const fill = el("span");
+      bar.append(fill);
+      row.append(label, bar);
+      return { row, text, bar, fill };
+    });
+    card.replicas.replaceChildren(...card.replicaRows.map((r) => r.row));
+    card.replicas.hidden = shown.length === 0;
+  }
+  shown.forEach((r, i) => {
+    const { row, text, bar, fill } = card.replicaRows[i];
+    const slots = Math.max(0, r.slots | 0);
+    const active = Math.max(0, r.active | 0);
+    const healthy = r.healthy !== false;
+    row.classList.toggle("down", !healthy);
+    text.textContent = `${active} / ${slots}${healthy ? "" : " · down"}`;
+    fill.style.width = slots ? `${Math.min(100, (100 * active) / slots)}%` : "0%";
+    bar.classList.toggle("full", slots > 0 && active >= slots);
+    bar.setAttribute("aria-valuemax", String(slots));
+    bar.setAttribute("aria-valuenow", String(active));
+  });
 }
 
 function renderSlots(card, pool) {
@@ -125,6 +166,7 @@ function render(pools) {
       poolsEl.append(card.root);
     }
     renderSlots(card, pool);
+    renderReplicas(card, pool);
     const limit = Math.max(0, pool.queue_limit | 0);
     const depth = Math.max(0, pool.queued | 0);
     card.queueText.textContent = `${depth} / ${limit}`;

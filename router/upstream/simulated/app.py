@@ -11,7 +11,9 @@ import orjson
 from aiohttp import web
 
 from policies.config import SimulatedSpec
+from policies.prefix import block_hashes, request_text
 from router.upstream.simulated.engine import FaultMode, Plan, SimEngine, error_response
+from router.upstream.simulated.metrics import CONTENT_TYPE, exposition
 
 
 def _chars(value: object) -> int:
@@ -25,7 +27,8 @@ def _chars(value: object) -> int:
     return 4 if isinstance(value, int) else 0
 
 
-def _plan(body: object, chat: bool, default_model: str) -> Plan:
+def _plan(body: object, chat: bool, default_model: str, block_bytes: int = 0) -> Plan:
+    """The request's demands; with `block_bytes`, its prompt's block hashes too."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     if chat:
@@ -46,7 +49,9 @@ def _plan(body: object, chat: bool, default_model: str) -> Plan:
         raise ValueError("'max_tokens' must be a positive integer")
     options = body.get("stream_options")
     usage = isinstance(options, dict) and options.get("include_usage") is True
-    return Plan(chat, model, body.get("stream") is True, usage, max(1, chars // 4), max_tokens)
+    blocks = tuple(block_hashes(request_text(body), block_bytes)) if block_bytes else ()
+    return Plan(chat, model, body.get("stream") is True, usage, max(1, chars // 4), max_tokens,
+                blocks)
 
 
 SIM_ENGINE = web.AppKey("sim_engine", SimEngine)
@@ -54,8 +59,9 @@ SIM_ENGINE = web.AppKey("sim_engine", SimEngine)
 
 async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     engine = request.app[SIM_ENGINE]
+    block_bytes = engine.cache.block_bytes if engine.cache is not None else 0
     try:
-        plan = _plan(orjson.loads(await request.read()), chat, engine.model)
+        plan = _plan(orjson.loads(await request.read()), chat, engine.model, block_bytes)
     except orjson.JSONDecodeError:
         return error_response(400, "the request body is not valid JSON")
     except ValueError as exc:
@@ -101,6 +107,11 @@ async def _inspect(request: web.Request) -> web.Response:
     return _json(list(engine.records.values()))
 
 
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=exposition(request.app[SIM_ENGINE]).encode(),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
 def _json(obj: object) -> web.Response:
     return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
@@ -111,6 +122,7 @@ def create_sim_app(engine: SimEngine) -> web.Application:
     app.router.add_post("/v1/chat/completions", functools.partial(_completion, chat=True))
     app.router.add_post("/v1/completions", functools.partial(_completion, chat=False))
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/metrics", _metrics)
     app.router.add_get(r"/sim/{what:stats|requests}", _inspect)
     app.router.add_post(r"/sim/{action:hold|release|fault|reset}", _control)
     return app

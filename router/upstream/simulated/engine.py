@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from policies.config import SimulatedSpec
+from router.upstream.simulated.cache import PrefixCache
 
 _MAX_RECORDS = 10_000
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "again", "and", "so")
@@ -51,6 +52,8 @@ class SimRecord:
     completed: bool = False
     aborted: bool = False  # the client went away before completion
     fault: FaultMode | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache spared the prefill
+    planned_ttft_s: float | None = None  # the wait before the first token, once scheduled
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,6 +66,7 @@ class Plan:
     include_usage: bool
     prompt_tokens: int
     max_tokens: int | None
+    blocks: tuple[bytes, ...] = ()  # the prompt's block hashes, when the engine caches prefixes
 
 
 class SimEngine:
@@ -84,6 +88,13 @@ class SimEngine:
         self._waiters: list[tuple[Callable[[SimEngine], bool], asyncio.Future[None]]] = []
         self._rng = random.Random(spec.seed)
         self._ids = itertools.count(1)
+        self.cache = (PrefixCache(spec.prefix_cache_tokens, spec.cache_block_tokens)
+                      if spec.prefix_cache_tokens else None)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a sequence."""
+        return len(self._queue)
 
     def hold(self, after_tokens: int = 0) -> None:
         """Pause every generation, running or new, once it has emitted `after_tokens` tokens."""
@@ -128,7 +139,7 @@ class SimEngine:
         records = self.records.values()
         return {
             "model": self.model, "active": self.active, "peak": self.peak,
-            "running": self.running, "waiting": len(self._queue), "held": self.held,
+            "running": self.running, "waiting": self.waiting, "held": self.held,
             "hold_after_tokens": self._hold_after,
             "requests": len(self.records), "aborted": sum(r.aborted for r in records),
             "completed": sum(r.completed for r in records),
@@ -253,6 +264,15 @@ class SimEngine:
             self.active -= 1
             self._changed()
 
+    def _plan_ttft(self, rec: SimRecord, plan: Plan) -> float:
+        """TTFT plus the prefill of the prompt tokens the prefix cache does not hold."""
+        spec = self.spec
+        if self.cache is not None:
+            rec.cached_tokens = self.cache.lookup(plan.blocks, plan.prompt_tokens)
+        uncached = plan.prompt_tokens - rec.cached_tokens
+        rec.planned_ttft_s = spec.ttft_s + uncached * spec.prefill_s_per_token
+        return rec.planned_ttft_s
+
     async def _generate(
         self, request: web.Request, rec: SimRecord, plan: Plan, stream: web.StreamResponse | None
     ) -> bytes | None:
@@ -267,7 +287,9 @@ class SimEngine:
         if stream is not None:
             first, head, tail, last = _frames(plan, rid, created, finish)
         # sleep(0) when there is no TTFT: every request yields to the loop at least once
-        await asyncio.sleep(spec.ttft_s + plan.prompt_tokens * spec.prefill_s_per_token)
+        await asyncio.sleep(self._plan_ttft(rec, plan))
+        if self.cache is not None:
+            self.cache.insert(plan.blocks)
         tps, slowdown, final = spec.tokens_per_s, spec.batch_slowdown, n - 1
         drop = rec.fault is FaultMode.DROP
         for i in range(n):

@@ -1,0 +1,86 @@
+"""Which replica of a backend's group a request prefers, and the accounting that follows
+its slot: the replica's token work in flight and the prefix table.
+
+The decision is `policies.pick.pick` over a snapshot of the group's seats and loads; the
+pool then grants the first free slot in that preference, atomically. A group of one
+skips all of it. A waiter takes the replica whose slot freed first (the line is the
+group's), and its prompt's blocks are recorded there all the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies import pick
+from policies.fallback import DEFAULT_OUTPUT_TOKENS, estimate_tokens
+from policies.prefix import NO_MATCH, block_hashes, request_text
+from policies.slots import Lease
+from router.backend import Backend
+from router.openai_api import ParsedRequest
+
+
+@dataclass(slots=True)
+class Placement:
+    """What a request brings to a group's pick: its prompt's block hashes, its token work
+    (prompt and expected output) and its session key."""
+
+    hashes: list[bytes]
+    tokens: int
+    session: str | None
+    block_bytes: int  # the block size the hashes were cut with
+
+
+def placement(parsed: ParsedRequest, session_header: str | None,
+              block_bytes: int) -> Placement:
+    text = request_text(parsed.body)
+    prompt = estimate_tokens(len(text), len(text.encode(errors="replace")))
+    output = parsed.max_tokens if parsed.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
+    return Placement(block_hashes(text, block_bytes), prompt + output,
+                     pick.session_key(session_header, parsed.body.get("user")), block_bytes)
+
+
+def preference(backend: Backend, place: Placement,
+               avoid: Sequence[str] = ()) -> tuple[tuple[str, ...], str | None]:
+    """The replica to try first (empty: any) and why (a `PickReason`, None for a group of
+    one or when no replica is free). Replicas in `avoid` (the request failed there) are
+    picked only when nothing else is free."""
+    if not backend.grouped:
+        return (), None
+    replicas, readings = backend.replicas, backend.readings
+    stale_s, now = backend.config.signals.stale_after_s, time.monotonic()
+    snapshot = [pick.Replica(s.name, s.slots, s.active,
+                             replicas[s.name].load_tokens if s.name in replicas else 0,
+                             s.healthy and s.name not in avoid,
+                             readings[s.name].penalty(stale_s, now) if s.name in readings
+                             else 0.0)
+                for s in backend.pool.seats()]
+    table = backend.affinity
+    config = backend.config
+    choice = pick.pick(snapshot, place.tokens, mode=config.pick,
+                       prefix=table.match(place.hashes) if table is not None else NO_MATCH,
+                       session=place.session, epsilon=config.affinity.load_bound,
+                       cursor=backend.cursor)
+    if choice is None:
+        return (), None
+    backend.cursor = choice.cursor
+    return (choice.replica,), choice.reason.value
+
+
+def placed(backend: Backend, lease: Lease, place: Placement | None) -> int:
+    """The request runs on `lease.replica`: count its work there and remember its prefix;
+    returns the tokens to give back when it ends (`unplaced`)."""
+    replica = backend.replicas.get(lease.replica)
+    if replica is None or place is None:
+        return 0
+    replica.load_tokens += place.tokens
+    if backend.affinity is not None and place.hashes:
+        backend.affinity.record(place.hashes, lease.replica)
+    return place.tokens
+
+
+def unplaced(backend: Backend, lease: Lease, tokens: int) -> None:
+    replica = backend.replicas.get(lease.replica)
+    if replica is not None:
+        replica.load_tokens -= tokens

@@ -1,0 +1,103 @@
+"""Health per replica of a backend's group: one breaker each.
+
+An engine fault counts against the replica that served it (a request's own faults never
+count, as for backends). A connection the replica refuses, or cannot open in time, is
+proof enough: its breaker opens at once. An open breaker takes the replica's slots out of
+the group's capacity (`SlotPool.set_healthy`), so nothing new goes there and the line
+waits for the others; its health check (GET /v1/models) runs at each probe time and puts
+it back when it passes. A group with no replica left opens the backend's own breaker, so
+its line moves to the route's fallbacks as a failed single engine's does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from policies.breaker import Blame, BreakerState, CircuitBreaker
+from policies.config import BackendConfig
+from policies.failures import FailureKind
+from policies.slots import SlotPool
+from router.upstream.failures import UpstreamFailure
+from router.upstream.health import BackendHealth, blame
+
+log = logging.getLogger("slotgate")
+
+ReplicaProbe = Callable[[str, str], Awaitable[bool]]  # (backend, replica) -> answers?
+_CONCLUSIVE = frozenset({FailureKind.REFUSED, FailureKind.CONNECT_TIMEOUT})
+
+
+class ReplicaHealth:
+    """The breakers of every grouped backend's replicas."""
+
+    def __init__(self, backends: BackendHealth) -> None:
+        self.backends = backends
+        self.probe: ReplicaProbe | None = None  # set by the app: a replica's health check
+        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+        self._pools: dict[str, SlotPool] = {}
+        self._probers: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    def add(self, backend: str, replica: str, config: BackendConfig, pool: SlotPool) -> None:
+        """Watch `replica` of `backend` (again after a reload: its count starts anew)."""
+        breaker = CircuitBreaker(config.breaker_failures, config.breaker_open_s,
+                                 time.monotonic)
+        breaker.on_change = lambda state: self._changed(backend, replica, state)
+        self._breakers[(backend, replica)] = breaker
+        self._pools[backend] = pool
+        pool.set_healthy(replica, True)
+
+    def report(self, backend: str, replica: str, failure: UpstreamFailure) -> None:
+        """A request on `replica` failed: count it if the engine is to blame."""
+        breaker = self._breakers.get((backend, replica))
+        if breaker is None or blame(failure) is not Blame.ENGINE:
+            return
+        if failure.kind in _CONCLUSIVE:
+            for _ in range(max(1, breaker.failures_to_open - breaker.consecutive)):
+                breaker.failure()
+        else:
+            breaker.failure()
+
+    def succeeded(self, backend: str, replica: str) -> None:
+        breaker = self._breakers.get((backend, replica))
+        if breaker is not None:
+            breaker.success()
+
+    def healthy(self, backend: str, replica: str) -> bool:
+        breaker = self._breakers.get((backend, replica))
+        return breaker is None or breaker.state is BreakerState.CLOSED
+
+    async def close(self) -> None:
+        tasks = list(self._probers.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _changed(self, backend: str, replica: str, state: BreakerState) -> None:
+        pool = self._pools[backend]
+        if state is BreakerState.OPEN:
+            pool.set_healthy(replica, False)
+            if (backend, replica) not in self._probers:
+                log.warning("replica %s of backend %s is failing: it takes no new work",
+                            replica, backend)
+                if self.probe is not None:
+                    self._probers[(backend, replica)] = asyncio.ensure_future(
+                        self._check(backend, replica, self.probe))
+            if not any(seat.healthy for seat in pool.seats()):
+                self.backends.open(backend)  # nothing left: its line moves on
+        elif state is BreakerState.CLOSED:
+            log.warning("replica %s of backend %s answers again", replica, backend)
+            pool.set_healthy(replica, True)
+            self.backends.succeeded(backend)
+
+    async def _check(self, backend: str, replica: str, probe: ReplicaProbe) -> None:
+        """While the breaker is open, check the replica at each probe time."""
+        breaker = self._breakers[(backend, replica)]
+        try:
+            while breaker.state is not BreakerState.CLOSED:
+                await asyncio.sleep(max(breaker.retry_in_s(), 0.05))  # the probe schedule
+                if breaker.allow():
+                    (breaker.success if await probe(backend, replica) else breaker.failure)()
+        finally:
+            self._probers.pop((backend, replica), None)

@@ -1,0 +1,131 @@
+"""A local pool over a group of replicas: one line, each replica within its own slots, a
+freed slot handed to the head of the line on the replica that freed it, unhealthy and
+removed replicas out of the capacity."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from policies.holds import HoldTimeModel
+from policies.slots import LocalLease, LocalSlotPool, Seats
+
+
+def group(**replicas: int) -> LocalSlotPool:
+    return LocalSlotPool("big", sum(replicas.values()), 100, HoldTimeModel(1.0),
+                         replicas=replicas)
+
+
+def held(pool: LocalSlotPool) -> dict[str, int]:
+    return {s.name: s.active for s in pool.seats()}
+
+
+async def test_a_slot_goes_to_the_preferred_replica_else_the_first_free_one() -> None:
+    pool = group(a=2, b=2, c=2)
+    leases = [pool.acquire_nowait(("c",)) for _ in range(3)]
+    assert [lease.replica for lease in leases if lease] == ["c", "c", "a"]
+    assert held(pool) == {"a": 1, "b": 0, "c": 2}
+    more = [pool.acquire_nowait(("c", "b")) for _ in range(3)]
+    assert [lease.replica for lease in more if lease] == ["b", "b", "a"]
+    assert pool.acquire_nowait() is None and pool.snapshot().free == 0
+    assert pool.seats() == (Seats("a", 2, 2), Seats("b", 2, 2), Seats("c", 2, 2))
+
+
+async def test_a_freed_slot_goes_to_the_head_of_the_line_on_its_replica() -> None:
+    pool = group(a=1, b=1)
+    first, second = pool.acquire_nowait(), pool.acquire_nowait()
+    assert first is not None and second is not None
+    tickets = [pool.enqueue_nowait() for _ in range(3)]
+    assert all(t is not None for t in tickets) and pool.queued == 3
+    second.release_now()
+    head = await tickets[0].wait(1.0)  # type: ignore[union-attr]
+    assert head.replica == "b" and pool.queued == 2
+    assert pool.acquire_nowait(("b",)) is None  # a newcomer never overtakes the line
+    first.release_now()
+    assert (await tickets[1].wait(1.0)).replica == "a"  # type: ignore[union-attr]
+
+
+async def test_an_unhealthy_replica_leaves_the_capacity_and_serves_the_line_when_back() -> None:
+    pool = group(a=1, b=1)
+    on_a = pool.acquire_nowait(("a",))
+    assert on_a is not None and on_a.replica == "a"
+    pool.set_healthy("b", False)
+    assert pool.capacity == 1 and pool.snapshot().free == 0
+    assert pool.acquire_nowait(("b",)) is None
+    ticket = pool.enqueue_nowait()
+    assert ticket is not None
+    pool.set_healthy("b", True)  # back: its free slot goes to the waiter at once
+    assert (await ticket.wait(1.0)).replica == "b"
+    assert pool.capacity == 2
+
+
+async def test_a_replica_running_while_unhealthy_frees_nothing_for_the_line() -> None:
+    pool = group(a=1, b=1)
+    on_a, on_b = pool.acquire_nowait(("a",)), pool.acquire_nowait(("b",))
+    assert on_a is not None and on_b is not None
+    ticket = pool.enqueue_nowait()
+    assert ticket is not None
+    pool.set_healthy("a", False)
+    on_a.release_now()  # a's slot is outside the capacity now: the waiter keeps waiting
+    assert pool.queued == 1 and held(pool) == {"a": 0, "b": 1}
+    on_b.release_now()
+    assert (await ticket.wait(1.0)).replica == "b"
+
+
+async def test_a_removed_replica_runs_out_what_it_holds_and_takes_nothing_new() -> None:
+    pool = group(a=1, b=1)
+    on_a = pool.acquire_nowait(("a",))
+    assert on_a is not None
+    pool.resize(2, 100, {"b": 1, "c": 1})  # a goes, c comes
+    assert pool.capacity == 2 and held(pool) == {"a": 1, "b": 0, "c": 0}
+    taken = [pool.acquire_nowait(("a",)), pool.acquire_nowait(("a",))]
+    assert sorted(lease.replica for lease in taken if lease) == ["b", "c"]
+    assert pool.acquire_nowait() is None
+    on_a.release_now()
+    assert [s.name for s in pool.seats()] == ["b", "c"]  # gone once run out
+    assert pool.acquire_nowait() is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_whatever_happens_no_replica_runs_more_than_its_slots_and_the_line_is_fifo(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    slots = {"a": rng.randint(1, 3), "b": rng.randint(1, 3), "c": rng.randint(1, 3)}
+    pool = group(**slots)
+    leases: list[LocalLease] = []
+    waiting: list[asyncio.Task[LocalLease]] = []
+    granted: list[int] = []
+
+    async def wait(ticket_no: int, ticket: object) -> LocalLease:
+        lease = await ticket.wait(60.0)  # type: ignore[attr-defined]
+        granted.append(ticket_no)
+        return lease  # type: ignore[no-any-return]
+
+    for step in range(300):
+        roll = rng.random()
+        if roll < 0.45:
+            lease = pool.acquire_nowait(rng.sample(sorted(slots), rng.randint(0, 3)))
+            if lease is not None:
+                leases.append(lease)
+            else:
+                ticket = pool.enqueue_nowait()
+                assert ticket is not None
+                waiting.append(asyncio.create_task(wait(step, ticket)))
+        elif roll < 0.85 and leases:
+            leases.pop(rng.randrange(len(leases))).release_now()
+        elif roll < 0.95:
+            pool.set_healthy(rng.choice(sorted(slots)), rng.random() < 0.6)
+        await asyncio.sleep(0)  # let granted waiters run
+        for task in [t for t in waiting if t.done()]:
+            waiting.remove(task)
+            leases.append(task.result())
+        for seat in pool.seats():
+            assert seat.active <= seat.slots, (step, seat)
+        assert sum(s.active for s in pool.seats()) == pool.active == len(leases)
+    assert granted == sorted(granted)  # first come, first served
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
