@@ -344,7 +344,8 @@ class LocalSlotPool:
         self.active -= 1
         if not seat.slots and not seat.active:  # a removed replica, run out
             del self._seats[lease.replica]
-        self._fill(now, (lease.replica,))
+        if self.queued:  # (the usual release: nobody waits)
+            self._fill(now, (lease.replica,))
         self._changed()
 
     def _fill(self, now: float, prefer: Sequence[str]) -> None:
@@ -370,10 +371,10 @@ class LocalSlotPool:
         seats = self._seats
         for name in prefer:
             seat = seats.get(name)
-            if seat is not None and seat.free:
+            if seat is not None and seat.healthy and seat.active < seat.slots:
                 return name
         for name, seat in seats.items():
-            if seat.free:
+            if seat.healthy and seat.active < seat.slots:
                 return name
         return None
 
