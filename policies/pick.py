@@ -118,14 +118,16 @@ def _lightest(free: Sequence[Replica], tokens: int, cap: float) -> Replica:
 
 def pick(replicas: Sequence[Replica], tokens: int, *, mode: PickMode = PickMode.AFFINITY,
          prefix: Match = NO_MATCH, session: str | None = None, epsilon: float = EPSILON,
-         cursor: int = 0) -> Pick | None:
+         cursor: int = 0, warm_tokens: int = 0) -> Pick | None:
     """The replica to run a request of `tokens` (prompt plus expected output) on, among
     `replicas` that are healthy with a free slot; None when there is none (it waits).
 
-    `prefix`: the table's longest match for the request's prompt. `session`: its session
-    key. `cursor`: round robin's position (the previous pick's `cursor`, or any counter).
-    A replica affinity or the turn would choose gives way to the least loaded one within
-    the bound (reason BOUND) when it is over the bound and another is not.
+    `prefix`: the table's longest match for the request's prompt, `warm_tokens` the prompt
+    tokens that match covers: on the replica holding them they are not prefilled again, so
+    the request adds only the rest to its load there. `session`: its session key.
+    `cursor`: round robin's position (the previous pick's `cursor`, or any counter). A
+    replica affinity or the turn would choose gives way to the least loaded one within the
+    bound (reason BOUND) when it is over the bound and another is not.
     """
     free = [r for r in replicas if r.healthy and r.active < r.slots]
     if not free:
@@ -134,9 +136,10 @@ def pick(replicas: Sequence[Replica], tokens: int, *, mode: PickMode = PickMode.
     # preferred one may stay if no other is lighter.
     cap = max(bound(replicas, tokens, epsilon), min(r.load_tokens for r in free) + tokens)
     preferred, reason = _preferred(replicas, free, mode, prefix, session, cursor)
+    adds = tokens - min(warm_tokens, tokens) if reason is PickReason.PREFIX else tokens
     if preferred is None:
         chosen = _lightest(free, tokens, cap)
-    elif preferred.load_tokens + tokens <= cap:
+    elif preferred.load_tokens + adds <= cap:
         chosen = preferred
     else:
         chosen, reason = _lightest(free, tokens, cap), PickReason.BOUND

@@ -20,6 +20,8 @@ from policies.slots import Lease
 from router.backend import Backend
 from router.openai_api import ParsedRequest
 
+BYTES_PER_TOKEN = 4  # as the prompt's token estimate counts them
+
 
 @dataclass(slots=True)
 class Placement:
@@ -58,10 +60,11 @@ def preference(backend: Backend, place: Placement,
                 for s in backend.pool.seats()]
     table = backend.affinity
     config = backend.config
-    choice = pick.pick(snapshot, place.tokens, mode=config.pick,
-                       prefix=table.match(place.hashes) if table is not None else NO_MATCH,
+    match = table.match(place.hashes) if table is not None else NO_MATCH
+    choice = pick.pick(snapshot, place.tokens, mode=config.pick, prefix=match,
                        session=place.session, epsilon=config.affinity.load_bound,
-                       cursor=backend.cursor)
+                       cursor=backend.cursor,
+                       warm_tokens=match.blocks * place.block_bytes // BYTES_PER_TOKEN)
     if choice is None:
         return (), None
     backend.cursor = choice.cursor

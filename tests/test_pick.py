@@ -80,6 +80,13 @@ ABC = [r("a"), r("b"), r("c")]
         # Exactly at the bound is within it: (300 + 450 + 50) / 2 x 1.25 = 500 = 450 + 50.
         ([r("a", 300), r("b", 450)], 50, {"prefix": Match("b", 1)}, ("b", PREFIX)),
         ([r("a", 300), r("b", 451)], 50, {"prefix": Match("b", 1)}, ("a", BOUND)),
+        # ... unless what b holds spares it the prefill: it adds only the rest (50 - 2).
+        ([r("a", 300), r("b", 451)], 50, {"prefix": Match("b", 1), "warm_tokens": 2},
+         ("b", PREFIX)),
+        ([r("a", 300), r("b", 451)], 50, {"prefix": Match("b", 1), "warm_tokens": 500},
+         ("b", PREFIX)),  # (never less than nothing)
+        ([r("a", 300), r("b", 451)], 50, {"session": "bob", "warm_tokens": 40},
+         ("a", BOUND)),  # warm tokens count only where the prefix is
         ([r("a", 100), r("b", 150)], 40, {"prefix": Match("b", 1), "epsilon": 0.0},
          ("a", BOUND)),
         # The mean counts busy healthy replicas (here it lets b stay), never unhealthy ones.
@@ -192,8 +199,9 @@ def snapshots(draw: st.DrawFn) -> list[Replica]:
 def test_whatever_the_snapshot_the_choice_is_free_healthy_and_within_the_bound(
         group: list[Replica], tokens: int, mode: PickMode, held: str | None, blocks: int,
         session: str | None, epsilon: float, cursor: int) -> None:
+    warm = blocks * 64
     chosen = pick(group, tokens, mode=mode, prefix=Match(held, blocks), session=session,
-                  epsilon=epsilon, cursor=cursor)
+                  epsilon=epsilon, cursor=cursor, warm_tokens=warm)
     free = [replica for replica in group if replica.healthy and replica.active < replica.slots]
     if not free:
         assert chosen is None
@@ -201,7 +209,8 @@ def test_whatever_the_snapshot_the_choice_is_free_healthy_and_within_the_bound(
     assert chosen is not None
     replica = group[chosen.cursor - 1]
     assert replica.name == chosen.replica and replica in free
-    within = replica.load_tokens + tokens <= bound(group, tokens, epsilon) + 1e-9
+    adds = max(0, tokens - warm) if chosen.reason is PREFIX else tokens  # warm: less work
+    within = replica.load_tokens + adds <= bound(group, tokens, epsilon) + 1e-9
     assert within or replica.load_tokens == min(other.load_tokens for other in free)
     if chosen.reason is PREFIX:
         assert mode is AFFINITY and blocks and chosen.replica == held
@@ -209,4 +218,4 @@ def test_whatever_the_snapshot_the_choice_is_free_healthy_and_within_the_bound(
         assert session is not None and chosen.replica == rendezvous(
             session, [other.name for other in free])
     assert pick(group, tokens, mode=mode, prefix=Match(held, blocks), session=session,
-                epsilon=epsilon, cursor=cursor) == chosen  # deterministic
+                epsilon=epsilon, cursor=cursor, warm_tokens=warm) == chosen  # deterministic
