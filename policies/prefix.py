@@ -13,17 +13,18 @@ Pure: no I/O, no clock. The table is the one piece of state; picking itself is
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import orjson
+import xxhash
 
 # Bytes per block: about 64 tokens of English, coarse enough to keep hashing cheap, fine
 # enough that a shared system prompt fills a few blocks.
 BLOCK_BYTES = 256
-DIGEST_BYTES = 8  # 64 bits: a collision among a table's entries is out of reach
+# Each block's hash is xxh3-64 of its bytes seeded with the previous block's hash: 64 bits
+# (a collision among a table's entries is out of reach), about 5x faster than blake2b.
 
 # Separators no well-formed text message holds: between a message's role, its other fields
 # and its text, between content parts, between messages.
@@ -87,17 +88,16 @@ def request_text(body: Mapping[str, object]) -> str:
     return prompt_text(body.get("prompt"))
 
 
-def block_hashes(text: str, block_bytes: int = BLOCK_BYTES) -> list[bytes]:
+def block_hashes(text: str, block_bytes: int = BLOCK_BYTES) -> list[int]:
     """The chained hash of each full block of `text`'s UTF-8 bytes: entry i names the
     prefix of i + 1 blocks, so two texts share their leading hashes exactly as long as
     they share their leading blocks."""
-    data = text.encode()
-    hashes: list[bytes] = []
-    previous = b""
-    blake2b = hashlib.blake2b
+    data = memoryview(text.encode())
+    hashes: list[int] = []
+    previous = 0
+    xxh3 = xxhash.xxh3_64_intdigest
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
-        previous = blake2b(previous + data[start:start + block_bytes],
-                           digest_size=DIGEST_BYTES).digest()
+        previous = xxh3(data[start:start + block_bytes], previous)
         hashes.append(previous)
     return hashes
 
@@ -127,12 +127,12 @@ class AffinityTable:
         if table_size < 1:
             raise ValueError("table_size must be at least 1")
         self.table_size = table_size
-        self._owner: OrderedDict[bytes, str] = OrderedDict()
+        self._owner: OrderedDict[int, str] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
 
-    def match(self, hashes: Sequence[bytes]) -> Match:
+    def match(self, hashes: Sequence[int]) -> Match:
         """The replica holding the longest prefix of `hashes` known, and its length."""
         owner = self._owner
         low, high = 0, len(hashes)  # hashes[:low] known; hashes[high:] not
@@ -144,7 +144,7 @@ class AffinityTable:
                 high = middle - 1
         return Match(owner[hashes[low - 1]], low) if low else NO_MATCH
 
-    def record(self, hashes: Sequence[bytes], replica: str) -> None:
+    def record(self, hashes: Sequence[int], replica: str) -> None:
         """`replica` now serves the prompt of `hashes`: it holds each of its prefixes."""
         owner = self._owner
         for block in reversed(hashes):

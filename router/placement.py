@@ -28,7 +28,7 @@ class Placement:
     """What a request brings to a group's pick: its prompt's block hashes, its token work
     (prompt and expected output) and its session key."""
 
-    hashes: list[bytes]
+    hashes: list[int]
     tokens: int
     session: str | None
     block_bytes: int  # the block size the hashes were cut with

@@ -107,7 +107,7 @@ def test_malformed_messages_still_have_a_text() -> None:
     assert chat_text(["just a string", 7, {"content": 3}]) != chat_text([])
 
 
-def chain(seed: int, blocks: int) -> list[bytes]:
+def chain(seed: int, blocks: int) -> list[int]:
     return block_hashes(random.Random(seed).randbytes(blocks * BLOCK_BYTES).hex()[
         :blocks * BLOCK_BYTES])
 
@@ -156,11 +156,11 @@ def test_match_agrees_with_a_linear_scan_after_any_records() -> None:
     trunks = [chain(seed, 8) for seed in range(6)]
     for _ in range(200):
         size = rng.randint(1, 30)
-        table, model = AffinityTable(size), OrderedDict[bytes, str]()
+        table, model = AffinityTable(size), OrderedDict[int, str]()
         for _ in range(50):
             trunk = rng.choice(trunks)
             hashes = trunk[:rng.randint(0, 8)] + chain(rng.randrange(3), rng.randint(0, 3))
-            hashes = block_hashes("".join(h.hex() for h in hashes), 16)
+            hashes = block_hashes("".join(f"{h:016x}" for h in hashes), 16)
             if rng.random() < 0.5:
                 replica = rng.choice("abc")
                 table.record(hashes, replica)

@@ -21,7 +21,7 @@ class PrefixCache:
     def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
         self.block_tokens = block_tokens
         self.max_blocks = capacity_tokens // block_tokens
-        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        self._blocks: OrderedDict[int, None] = OrderedDict()
         self.queries = 0  # prompt tokens looked up
         self.hits = 0  # of those, tokens found cached
 
@@ -34,10 +34,10 @@ class PrefixCache:
         """Tokens held now."""
         return len(self._blocks) * self.block_tokens
 
-    def __contains__(self, block: bytes) -> bool:
+    def __contains__(self, block: int) -> bool:
         return block in self._blocks
 
-    def lookup(self, blocks: Sequence[bytes], prompt_tokens: int) -> int:
+    def lookup(self, blocks: Sequence[int], prompt_tokens: int) -> int:
         """The prompt's tokens found cached: its leading blocks held, up to all its tokens
         but the last (which an engine computes anyway, for the first token's logits)."""
         held = 0
@@ -50,7 +50,7 @@ class PrefixCache:
         self.hits += cached
         return cached
 
-    def insert(self, blocks: Sequence[bytes]) -> None:
+    def insert(self, blocks: Sequence[int]) -> None:
         """A prefilled prompt's blocks become the most recent, its first block the most
         recent of all: a prefix outlives its longer extensions, so what stays of a prompt
         is always a prefix of it."""

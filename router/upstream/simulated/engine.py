@@ -66,7 +66,7 @@ class Plan:
     include_usage: bool
     prompt_tokens: int
     max_tokens: int | None
-    blocks: tuple[bytes, ...] = ()  # the prompt's block hashes, when the engine caches prefixes
+    blocks: tuple[int, ...] = ()  # the prompt's block hashes, when the engine caches prefixes
 
 
 class SimEngine:
