@@ -1,7 +1,7 @@
 """Several gateway processes sharing one backend's slots through a real redis-server.
 
-The backend is a simulated engine in this process (so its peak concurrency can be read);
-the gateways are `slotgate serve` processes, as an operator runs them.
+The backend is a simulated engine in this process (so its peak concurrency can be read),
+or a group of them; the gateways are `slotgate serve` processes, as an operator runs them.
 """
 
 from __future__ import annotations
@@ -23,12 +23,18 @@ from router.upstream.simulated.app import RunningSim, start_simulator
 from tests.support import MESSAGES, GatewayProcess, RedisServer
 
 WAITERS_KEY = "{slotgate:big}:waiters"
+HOLDERS_KEY = "{slotgate:big}:holders"
 
 
 def write_config(folder: Path, sim: RunningSim, redis_url: str, **coordination: Any) -> Path:
+    big = {"url": sim.url + "/v1", "model": "m", "slots": 3, "queue_limit": 9,
+           "queue_timeout_s": 60}
+    return write_raw(folder, big, redis_url, **coordination)
+
+
+def write_raw(folder: Path, big: dict[str, Any], redis_url: str, **coordination: Any) -> Path:
     raw = {
-        "backends": {"big": {"url": sim.url + "/v1", "model": "m", "slots": 3,
-                             "queue_limit": 9, "queue_timeout_s": 60}},
+        "backends": {"big": big},
         "routes": {"chat": {"primary": "big", "overflow": "reject"}},
         "coordination": {"mode": "redis", "url": redis_url, **coordination},
         "logging": {"access": False},
@@ -50,17 +56,19 @@ async def engine_sim() -> AsyncIterator[RunningSim]:
 
 
 @contextlib.asynccontextmanager
-async def line_joins(redis_url: str) -> AsyncIterator[asyncio.Queue[object]]:
-    """One item per ticket that joins the shared line (Redis keyspace notifications)."""
+async def line_joins(redis_url: str, key: str = WAITERS_KEY,
+                     event: bytes | None = b"zadd") -> AsyncIterator[asyncio.Queue[object]]:
+    """One item per ticket that joins the shared line (Redis keyspace notifications); or
+    per `event` (None: any) on `key`."""
     client = aioredis.Redis.from_url(redis_url)
-    await client.config_set("notify-keyspace-events", "Kz")
+    await client.config_set("notify-keyspace-events", "Kgz")
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    await pubsub.subscribe(f"__keyspace@0__:{WAITERS_KEY}")
+    await pubsub.subscribe(f"__keyspace@0__:{key}")
     joins: asyncio.Queue[object] = asyncio.Queue()
 
     async def listen() -> None:
         async for message in pubsub.listen():
-            if message["data"] == b"zadd":
+            if event is None or message["data"] == event:
                 joins.put_nowait(message)
 
     task = asyncio.create_task(listen())
@@ -157,3 +165,59 @@ async def test_a_killed_replicas_slots_return_within_the_lease_ttl(
     finally:
         await survivor.stop()
         await doomed.stop(signal.SIGKILL)
+
+
+async def test_three_processes_keep_each_engine_of_a_group_within_its_slots(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Three gateway processes, one backend of three engines of 2 slots each (shared
+    engines: each process sends to the same three), 20 streams at once."""
+    spec = SimulatedSpec(max_num_seqs=256, ttft_s=0, tokens_per_s=0, output_tokens=4)
+    running = [await start_simulator(spec, "m") for _ in range(3)]
+    engines = [r.engine for r in running]
+    big = {"model": "m", "queue_limit": 20, "queue_timeout_s": 60,
+           "endpoints": [{"url": r.url + "/v1", "slots": 2} for r in running]}
+    config = write_raw(tmp_path, big, redis_server.url)
+    gateways = [await GatewayProcess.start(config) for _ in range(3)]
+    redis = aioredis.Redis.from_url(redis_server.url)
+    tasks: list[asyncio.Task[str]] = []
+
+    async def stream(i: int) -> str:
+        chunks = await gateways[i % 3].client().chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in chunks
+                        if c.choices])
+
+    try:
+        for sim in engines:
+            sim.hold()
+        async with line_joins(redis_server.url) as joins:
+            tasks += [asyncio.create_task(stream(i)) for i in range(20)]
+            for sim in engines:
+                await sim.wait_until(lambda e: e.active == 2)  # all six slots used
+            async with asyncio.timeout(10):
+                while await redis.zcard(WAITERS_KEY) < 14:  # the rest wait in one line
+                    await joins.get()
+        assert await redis.hgetall("{slotgate:big}:seats") == {
+            f"big-{i}".encode(): b"2" for i in range(3)}
+        async with line_joins(redis_server.url, HOLDERS_KEY, None) as changes:
+            for sim in engines:
+                sim.release()
+            assert all(await asyncio.gather(*tasks))  # everything served
+            async with asyncio.timeout(10):
+                while await redis.zcard(HOLDERS_KEY):  # idle after
+                    await changes.get()
+        assert [sim.peak for sim in engines] == [2, 2, 2]  # no engine ever above 2
+        assert sum(len(sim.records) for sim in engines) == 20
+        assert await redis.zcard(WAITERS_KEY) == 0
+        assert await redis.hlen("{slotgate:big}:seats") == 0
+        assert await redis.hlen("{slotgate:big}:placed") == 0
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        codes = [await g.stop() for g in gateways]
+        await redis.aclose()
+        for sim_running in running:
+            await sim_running.close()
+    assert codes == [0, 0, 0]

@@ -8,13 +8,16 @@ every reply; after every step Redis's keys must equal the model's, no more than
 (unless a lease Redis lost takes its slot back: its engine never stopped running it, or
 a newcomer of a higher priority class lined up ahead of it). Newcomers come in three
 classes; a full line makes room for a higher class by shedding its newest sheddable one.
+The backend is a group of one to three engine replicas of one or two slots; each call
+offers some of them (a process's healthy ones) in some order, and no replica may ever
+hold more than its slots (the model is tests/support/lua_model.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -31,142 +34,14 @@ from hypothesis.stateful import (
 
 from policies.slots.lua import ACQUIRE, ENQUEUE, KEY_NAMES, POLL, RELEASE, RENEW, WITHDRAW
 from tests.support import RedisServer, closed_port, require_program
+from tests.support.lua_model import Model
 
 TTL_MS = 600_000  # nothing expires by itself while a test runs: the rules expire things
 CHANNEL = "{model}:wake"
 KEYS = [f"{{model}}:{name}" for name in KEY_NAMES]
-HOLDERS, WAITERS, ALIVE, _SEQ, FENCE, GRANTED, TOKENS, VERSION, SHED = KEYS
-SHEDDABLE = 2
+HOLDERS, WAITERS, ALIVE, _SEQ, FENCE, GRANTED, TOKENS, VERSION, SHED, PLACED, SEATS = KEYS
 SCRIPTS = {"acquire": ACQUIRE, "enqueue": ENQUEUE, "poll": POLL, "renew": RENEW,
            "release": RELEASE, "withdraw": WITHDRAW}
-
-
-@dataclass
-class Model:
-    """One pool as the scripts should keep it. Expired leases and dead tickets stay
-    until a script purges them, as in Redis."""
-
-    capacity: int
-    queue_limit: int
-    holders: dict[str, bool] = field(default_factory=dict)  # lease id -> expired
-    waiters: list[str] = field(default_factory=list)  # by class, then FIFO
-    ranks: dict[str, int] = field(default_factory=dict)  # ticket -> its class (0 first)
-    shed: set[str] = field(default_factory=set)  # displaced, not yet told by a poll
-    dead: set[str] = field(default_factory=set)  # waiters whose heartbeat expired
-    tokens: dict[str, int] = field(default_factory=dict)  # holder -> fencing token
-    overtaken: set[str] = field(default_factory=set)  # waiters someone behind got ahead of
-    fence: int = 0
-    version: int = 0  # changes so far: Redis's version counter less its starting value
-    reclaims: int = 0  # leases re-registered by a renewal
-
-    def counts(self) -> list[int]:
-        sheddable = sum(self.ranks[t] == SHEDDABLE for t in self.waiters)
-        return [self.version, len(self.holders), len(self.waiters), sheddable]
-
-    @property
-    def free(self) -> int:
-        return self.capacity - len(self.holders)
-
-    def purge(self) -> None:
-        expired = [lease for lease, gone in self.holders.items() if gone]
-        for lease in expired:
-            del self.holders[lease]
-            del self.tokens[lease]
-        for ticket in self.dead:
-            self.waiters.remove(ticket)
-            self.overtaken.discard(ticket)
-        if expired or self.dead:
-            self.version += 1
-        self.dead = set()
-
-    def grant(self, lease: str) -> int:
-        self.fence += 1
-        self.holders[lease] = False
-        self.tokens[lease] = self.fence
-        return self.fence
-
-    def leave(self, ticket: str) -> None:
-        self.waiters.remove(ticket)
-        self.dead.discard(ticket)
-        self.overtaken.discard(ticket)
-
-    # -- what each script should do and answer ------------------------------------------
-
-    def acquire(self, lease: str) -> list[int]:
-        self.purge()
-        if self.free > 0 and not self.waiters:
-            token = self.grant(lease)
-            self.version += 1
-            return [token, *self.counts()]
-        return [0, *self.counts()]
-
-    def enqueue(self, ticket: str, rank: int) -> list[int]:
-        self.purge()
-        if len(self.waiters) >= self.queue_limit:
-            victims = [t for t in self.waiters if self.ranks[t] == SHEDDABLE]
-            if rank == SHEDDABLE or not victims:
-                return [0, *self.counts()]
-            self.leave(victims[-1])  # the newest of the lowest class
-            self.shed.add(victims[-1])
-        at = sum(self.ranks[t] <= rank for t in self.waiters)
-        self.overtaken -= set(self.waiters[at:])  # a higher class may take their kept slot
-        self.waiters.insert(at, ticket)
-        self.ranks[ticket] = rank
-        self.version += 1
-        return [at + 1, *self.counts()]
-
-    def poll(self, tickets: list[str]) -> tuple[list[int], list[int]]:
-        """(version, holders, waiters), then status and value per ticket."""
-        self.purge()
-        out: list[int] = []
-        grants = 0
-        for ticket in tickets:
-            if ticket in self.waiters:
-                rank = self.waiters.index(ticket)
-                if rank < self.free:  # every ticket ahead of it fits in the free slots too
-                    self.overtaken.update(self.waiters[:rank])
-                    self.leave(ticket)
-                    out += [1, self.grant(ticket)]
-                    grants += 1
-                else:
-                    out += [0, rank + 1]
-            elif ticket in self.tokens:
-                out += [1, self.tokens[ticket]]  # granted already (a lost reply, re-asked)
-            elif ticket in self.shed:
-                self.shed.discard(ticket)
-                out += [-2, 0]
-            else:
-                out += [-1, 0]
-        if grants:
-            self.version += 1
-        return self.counts(), out
-
-    def renew(self, lease: str) -> int:
-        if lease in self.holders:
-            self.holders[lease] = False  # its expiry moves on, even if it had passed
-            return 1
-        self.purge()
-        if self.free > 0:  # ahead of any waiter: the engine is still running it
-            self.grant(lease)
-            self.version += 1
-            self.reclaims += 1
-            return 2
-        return 0
-
-    def release(self, lease: str) -> list[int]:
-        self.tokens.pop(lease, None)
-        if self.holders.pop(lease, None) is not None:
-            self.version += 1
-            return [1, *self.counts()]
-        return [0, *self.counts()]
-
-    def withdraw(self, ticket: str) -> list[int]:
-        if ticket in self.waiters:
-            self.leave(ticket)
-            self.version += 1
-            return [1, *self.counts()]
-        self.shed.discard(ticket)
-        return [0, *self.counts()]
 
 
 @dataclass
@@ -205,7 +80,8 @@ class PoolMachine(RuleBasedStateMachine):
     def __init__(self, store: Store) -> None:
         super().__init__()
         self.store = store
-        self.model = Model(capacity=0, queue_limit=0)
+        self.model = Model(replicas={}, queue_limit=0)
+        self.on: dict[str, str] = {}  # every lease ever granted -> its replica
         # Every id a lease was asked or granted for, every ticket ever given out, and
         # one of each that Redis never saw (no rule has a precondition: rules disabled
         # early in a run would skew the choice of rules).
@@ -239,27 +115,42 @@ class PoolMachine(RuleBasedStateMachine):
         return version - self.version_base
 
     def counted(self, reply: list[Any], at: int = 1) -> list[Any]:
-        """`reply` with its version (at `at`) as the number of changes; after the model
-        has taken the same step (the first change tells where the counter started)."""
-        return [*reply[:at], self.changes(reply[at]), *reply[at + 1:]]
+        """`reply` with its version (at `at`) as the number of changes and its seats (just
+        after the counts) as a dict; after the model has taken the same step (the first
+        change tells where the counter started)."""
+        seats = reply[at + 4]
+        held = {seats[i].decode(): int(seats[i + 1]) for i in range(0, len(seats), 2)}
+        rest = [r.decode() if isinstance(r, bytes) else r for r in reply[at + 5:]]
+        return [*reply[:at], self.changes(reply[at]), *reply[at + 1:at + 4], held, *rest]
 
-    @initialize(capacity=st.integers(2, 3), queue_limit=st.integers(3, 4))
-    def empty_pool(self, capacity: int, queue_limit: int) -> None:
+    def offer(self, data: st.DataObject) -> tuple[list[str], list[str | int]]:
+        """A process's healthy replicas in its order of preference (often all), and the
+        (name, slots) pairs the scripts are passed."""
+        names = list(self.model.replicas)
+        order = data.draw(st.one_of(st.permutations(names), st.lists(
+            st.sampled_from(names), unique=True, max_size=len(names))))
+        return order, [x for r in order for x in (r, self.model.replicas[r])]
+
+    @initialize(slots=st.lists(st.integers(1, 2), min_size=1, max_size=3),
+                queue_limit=st.integers(3, 4))
+    def empty_pool(self, slots: list[int], queue_limit: int) -> None:
         client = self.store.client
         client.flushall()
         seconds, micros = client.time()
         self.version_floor = (seconds * 1000 + micros // 1000) * 1000
-        self.model = Model(capacity, queue_limit)
+        self.model = Model({f"r{i}": n for i, n in enumerate(slots)}, queue_limit)
 
-    @rule()
-    def acquire(self) -> None:
+    @rule(data=st.data())
+    def acquire(self, data: st.DataObject) -> None:
         lease = self.new_id("L")
         self.leases.append(lease)
-        reply = self.store.call("acquire", [self.model.capacity, lease, TTL_MS, CHANNEL])
-        expected = self.model.acquire(lease)
+        order, pairs = self.offer(data)
+        reply = self.store.call("acquire", [lease, TTL_MS, CHANNEL, *pairs])
+        expected = self.model.acquire(lease, order)
         assert self.counted(reply) == expected
         if reply[0]:
             self.granted(reply[0])
+            self.on[lease] = expected[-1]
 
     @rule(ranks=st.lists(st.integers(0, 2), min_size=1, max_size=3))
     def enqueue(self, ranks: list[int]) -> None:
@@ -278,26 +169,31 @@ class PoolMachine(RuleBasedStateMachine):
         the last first, are drawn more often than ones granted or gone)."""
         candidates = live_first(self.model.waiters[::-1], self.tickets)
         tickets = data.draw(st.lists(st.sampled_from(candidates), unique=True, max_size=4))
-        reply = self.store.call("poll", [self.model.capacity, TTL_MS, CHANNEL, *tickets])
-        counts, statuses = self.model.poll(tickets)
-        assert self.counted(reply[:4], at=0) == counts
+        order, pairs = self.offer(data)
+        reply = self.store.call(
+            "poll", [TTL_MS, CHANNEL, len(order), *pairs, *tickets])
+        counts, statuses = self.model.poll(tickets, order)
+        assert self.counted([*reply[:4], reply[6], *reply[7:]], at=0) == [*counts, *statuses]
         assert reply[4] >= self.last_now, "Redis's clock went back"
         self.last_now = reply[4]
         assert len(reply[5]) == len(self.model.holders)  # one grant time per lease
-        assert reply[6:] == statuses
-        for ticket, (status, value) in zip(tickets, zip(statuses[::2], statuses[1::2],
-                                                         strict=True), strict=True):
+        for ticket, status, value, replica in zip(
+                tickets, statuses[::3], statuses[1::3], statuses[2::3], strict=True):
             if status == 1 and ticket not in self.leases:
                 self.leases.append(ticket)
                 self.granted(value)
+                self.on[ticket] = replica
 
     @rule(data=st.data())
     def renew(self, data: st.DataObject) -> None:
         lease = data.draw(st.sampled_from(live_first(self.model.holders, self.leases)))
+        replica = self.on.get(lease) or data.draw(st.sampled_from(list(self.model.replicas)))
         before = self.model.fence
-        reply = self.store.call("renew", [lease, TTL_MS, self.model.capacity, CHANNEL])
-        assert reply == self.model.renew(lease)
+        reply = self.store.call(
+            "renew", [lease, TTL_MS, self.model.replicas[replica], CHANNEL, replica])
+        assert reply == self.model.renew(lease, replica)
         if reply == 2:
+            self.on[lease] = replica
             assert self.model.fence == before + 1
             self.granted(self.model.fence)
 
@@ -346,9 +242,16 @@ class PoolMachine(RuleBasedStateMachine):
         pipe.get(VERSION)
         pipe.get(FENCE)
         pipe.zrange(SHED, 0, -1)
-        holders, waiters, alive, tokens, granted, version, fence, shed = pipe.execute()
+        pipe.hgetall(PLACED)
+        pipe.hgetall(SEATS)
+        holders, waiters, alive, tokens, granted, version, fence, shed, placed, seats = \
+            pipe.execute()
         model = self.model
         assert len(holders) <= model.capacity
+        held = {k.decode(): int(v) for k, v in seats.items()}
+        assert held == model.seats()  # per replica, none listed at 0
+        assert all(held[r] <= model.replicas[r] for r in held), "a replica above its slots"
+        assert {k.decode(): v.decode() for k, v in placed.items()} == model.placed
         assert {lease.decode(): score == 0 for lease, score in holders} == model.holders
         assert [ticket.decode() for ticket in waiters] == model.waiters  # class, then FIFO
         assert {ticket.decode() for ticket in shed} == model.shed

@@ -1,16 +1,23 @@
 """A local pool over a group of replicas: one line, each replica within its own slots, a
 freed slot handed to the head of the line on the replica that freed it, unhealthy and
-removed replicas out of the capacity."""
+removed replicas out of the capacity. And a shared pool's group while Redis is away."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
+from policies.breaker import CircuitBreaker
 from policies.holds import HoldTimeModel
 from policies.slots import LocalLease, LocalSlotPool, Seats
+from policies.slots.coordinator import RedisCoordinator
+from policies.slots.failover import FailoverPool
+from router.config import config_from_dict
+from router.upstream.pools import make_pool
+from tests.support import closed_port
 
 
 def group(**replicas: int) -> LocalSlotPool:
@@ -129,3 +136,37 @@ async def test_whatever_happens_no_replica_runs_more_than_its_slots_and_the_line
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_shared_group_while_redis_is_away_serves_each_replicas_local_share() -> None:
+    config = config_from_dict({
+        "backends": {"big": {"model": "m", "endpoints": [
+            {"url": "http://127.0.0.1:1/v1", "slots": 4},
+            {"url": "http://127.0.0.1:2/v1", "slots": 2}]}},
+        "routes": {"chat": {"primary": "big"}},
+        "coordination": {"mode": "redis", "url": "redis://127.0.0.1:1",
+                         "on_redis_down": "fail_open_local", "expected_replicas": 2}})
+    breaker = CircuitBreaker(1, 60.0, time.monotonic)
+    coordinator = RedisCoordinator(f"redis://127.0.0.1:{closed_port()}", "t", 0.5, breaker)
+    breaker.failure()  # Redis is away
+    pool = make_pool("big", config.backends["big"], config.coordination, coordinator)
+    try:
+        assert isinstance(pool, FailoverPool)
+        assert pool.capacity == 6
+        assert pool.seats() == (Seats("big-0", 2, 0), Seats("big-1", 1, 0))  # the shares
+        first, second = await pool.try_acquire(["big-1"]), await pool.try_acquire(["big-1"])
+        assert first is not None and second is not None
+        assert (first.replica, second.replica) == ("big-1", "big-0")
+        pool.set_healthy("big-0", False)  # in both pools: out of the capacity
+        assert pool.capacity == 2
+        assert [s.healthy for s in pool.shared.seats()] == [False, True]
+        assert pool.seats() == (Seats("big-0", 2, 1, healthy=False), Seats("big-1", 1, 1))
+        assert await pool.try_acquire() is None
+        pool.resize(8, 10, {"big-0": 4, "big-1": 4})
+        assert [(s.name, s.slots) for s in pool.seats()] == [("big-0", 2), ("big-1", 2)]
+        third = await pool.try_acquire()
+        assert third is not None and third.replica == "big-1"
+        for lease in (first, second, third):
+            await lease.release()
+    finally:
+        await coordinator.close()

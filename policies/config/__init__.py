@@ -125,9 +125,7 @@ class Config(StrictModel):
         return self
 
     def _group_problems(self) -> list[tuple[Loc, str]]:
-        """Replica names unique within each group (given and default ones alike); groups
-        of several replicas need local coordination for now (a shared pool in Redis
-        counts one replica per backend)."""
+        """Replica names unique within each group (given and default ones alike)."""
         problems: list[tuple[Loc, str]] = []
         for name, backend in self.backends.items():
             names = [e.name for e in backend.replicas(name)]
@@ -135,8 +133,4 @@ class Config(StrictModel):
                 problems.append((("backends", name, "endpoints"),
                                  "endpoint names must be unique within a backend "
                                  f"(defaults are {name}-0, {name}-1, ...)"))
-            if len(names) > 1 and self.coordination.mode is CoordinationMode.REDIS:
-                problems.append((("backends", name, "endpoints"),
-                                 "more than one endpoint needs coordination.mode: local "
-                                 "(shared pools count one replica per backend)"))
         return problems

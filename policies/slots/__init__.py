@@ -3,7 +3,8 @@
     base         the roles (`SlotPool`, `Lease`, `Ticket`), `PoolSnapshot` and the errors
     local        `LocalSlotPool`: one process, one event loop
     redis        `RedisSlotPool`: shared by every process through Redis (`lua`: its scripts,
-                 `coordinator`: the one client and wake-up subscription per process)
+                 `coordinator`: the one client and wake-up subscription per process,
+                 `seating`: its group of engine replicas as this process sees it)
     failover     what a shared pool does while Redis is away
     handover     move offers: waiters of one pool that would take a slot on another
 

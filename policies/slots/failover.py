@@ -37,6 +37,14 @@ def local_share(slots: int, expected_replicas: int) -> int:
     return max(1, slots // expected_replicas)
 
 
+def local_shares(replicas: Mapping[str, int] | None,
+                 expected_replicas: int) -> dict[str, int] | None:
+    """Each engine replica's local share (None: a group of one, sized by the pool)."""
+    if replicas is None:
+        return None
+    return {name: local_share(slots, expected_replicas) for name, slots in replicas.items()}
+
+
 class FailoverTicket:
     def __init__(self, pool: FailoverPool, ticket: RedisTicket, priority: Priority) -> None:
         self._pool = pool
@@ -129,23 +137,34 @@ class FailoverPool:
         return stop
 
     def seats(self) -> tuple[Seats, ...]:
-        return (Seats(self.name, self.capacity, self.active),)
+        """A group's replicas as the pool serving now counts them (each one's local share
+        while Redis is away); a group of one counts both pools' holders."""
+        if len(self.shared.group.slots) == 1:
+            return (Seats(self.name, self.capacity, self.active),)
+        if self.degraded and self.local is not None:
+            return self.local.seats()
+        return self.shared.seats()
 
     def set_healthy(self, replica: str, healthy: bool) -> None:
-        """A group of one: its health is the backend's breaker's, not the pool's."""
+        self.shared.set_healthy(replica, healthy)
+        self.capacity = self.shared.capacity
+        if self.local is not None:
+            self.local.set_healthy(replica, healthy)
 
     def resize(self, capacity: int, queue_limit: int,
                replicas: Mapping[str, int] | None = None) -> None:
-        self.capacity, self.queue_limit = capacity, queue_limit
-        self.shared.resize(capacity, queue_limit)
+        self.shared.resize(capacity, queue_limit, replicas)
+        self.capacity, self.queue_limit = self.shared.capacity, queue_limit
         if self.local is not None:
-            self.local.resize(local_share(capacity, self.expected_replicas), queue_limit)
+            shares = local_shares(replicas, self.expected_replicas)
+            self.local.resize(local_share(capacity, self.expected_replicas), queue_limit,
+                              shares)
 
     async def try_acquire(self, prefer: Sequence[str] = ()) -> Lease | None:
         try:
-            return await self.shared.try_acquire()
+            return await self.shared.try_acquire(prefer)
         except CoordinationError:
-            return self._local().acquire_nowait()
+            return self._local().acquire_nowait(prefer)
 
     async def enqueue(self, priority: Priority = Priority.STANDARD) -> Ticket | None:
         try:

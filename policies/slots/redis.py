@@ -39,6 +39,7 @@ from policies.slots.base import (
 )
 from policies.slots.coordinator import RETRIES, RedisCoordinator
 from policies.slots.lua import KEY_NAMES, SHED, WAKING_KINDS
+from policies.slots.seating import GroupView, from_message, from_reply
 
 log = logging.getLogger("slotgate.redis")
 
@@ -46,10 +47,11 @@ log = logging.getLogger("slotgate.redis")
 class RedisLease:
     """A slot held in Redis, renewed every TTL/3 until released."""
 
-    def __init__(self, pool: RedisSlotPool, lease_id: str, token: int) -> None:
+    def __init__(self, pool: RedisSlotPool, lease_id: str, token: int, replica: str) -> None:
         self._pool = pool
         self.id = lease_id
         self.token = token  # fencing: larger than every token granted before it
+        self.replica = replica  # the engine replica it runs on
         self.granted_at = pool.clock()
         self.released = False
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -58,10 +60,6 @@ class RedisLease:
     @property
     def pool(self) -> str:
         return self._pool.name
-
-    @property
-    def replica(self) -> str:
-        return self._pool.name  # a shared pool is a group of one replica
 
     @property
     def held_s(self) -> float:
@@ -86,7 +84,9 @@ class RedisLease:
             await asyncio.sleep(period)  # the renewal period itself
             try:
                 state = await pool.coordinator.call(
-                    "renew", pool.keys, [self.id, pool.ttl_ms, pool.capacity, pool.channel])
+                    "renew", pool.keys, [self.id, pool.ttl_ms,
+                                         pool.group.slots.get(self.replica, 0), pool.channel,
+                                         self.replica])
             except CoordinationError:
                 # Redis is away; the engine still runs this. Try again soon, so that the
                 # lease is back in Redis shortly after Redis is.
@@ -145,13 +145,16 @@ class RedisTicket:
 
 
 class RedisSlotPool:
-    """`capacity` slots and a FIFO line of at most `queue_limit`, kept in Redis."""
+    """`capacity` slots (over `replicas`, a group of one by default) and a FIFO line of at
+    most `queue_limit`, kept in Redis."""
 
     def __init__(self, name: str, capacity: int, queue_limit: int, estimator: HoldTimeModel,
                  coordinator: RedisCoordinator, lease_ttl_s: float, recheck_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 replicas: Mapping[str, int] | None = None) -> None:
         self.name = name
-        self.capacity = capacity
+        self.group = GroupView(replicas or {name: capacity})
+        self.capacity = self.group.capacity
         self.queue_limit = queue_limit
         self.estimator = estimator
         self.coordinator = coordinator
@@ -180,7 +183,8 @@ class RedisSlotPool:
     # -- the SlotPool role --------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
-        return PoolSnapshot(self.name, self.capacity, self.active, self.queued,
+        active = self.active - self.group.held_on_unhealthy  # those run outside capacity
+        return PoolSnapshot(self.name, self.capacity, active, self.queued,
                             self.queue_limit, self.estimator.mean_s, self.sheddable)
 
     def forecast(self, position: int) -> float:
@@ -210,28 +214,34 @@ class RedisSlotPool:
         return lambda: self._watchers.remove(callback)
 
     def seats(self) -> tuple[Seats, ...]:
-        return (Seats(self.name, self.capacity, self.active),)
+        return self.group.seats()
 
     def set_healthy(self, replica: str, healthy: bool) -> None:
-        """A group of one: its health is the backend's breaker's, not the pool's."""
+        """This process's view: an unhealthy replica is offered to no script, and its
+        slots leave the capacity; back, its seats serve the line here."""
+        if self.group.set_healthy(replica, healthy):
+            self.resize(self.capacity, self.queue_limit, self.group.slots)
 
     def resize(self, capacity: int, queue_limit: int,
                replicas: Mapping[str, int] | None = None) -> None:
-        """New limits, passed to every script from now on; waiters here re-check."""
-        self.capacity, self.queue_limit = capacity, queue_limit
+        """New limits, passed to every script from now on; waiters here re-check. A
+        removed replica runs out what it holds."""
+        self.group.resize(replicas or {next(iter(self.group.slots)): capacity})
+        self.capacity, self.queue_limit = self.group.capacity, queue_limit
         self._forecasts.clear()
         self.wake()
 
     async def try_acquire(self, prefer: Sequence[str] = ()) -> RedisLease | None:
         lease_id = _new_id()
         try:
-            token, *counts = await self.coordinator.call(
-                "acquire", self.keys, [self.capacity, lease_id, self.ttl_ms, self.channel])
+            token, *counts, replica = await self.coordinator.call(
+                "acquire", self.keys,
+                [lease_id, self.ttl_ms, self.channel, *self.group.offer(prefer)])
         except CoordinationError:
             self.coordinator.in_background(lambda: self.release_id(lease_id))  # it may exist
             raise
         self._state(*counts)
-        return RedisLease(self, lease_id, token) if token else None
+        return RedisLease(self, lease_id, token, replica.decode()) if token else None
 
     async def enqueue(self, priority: Priority = Priority.STANDARD) -> RedisTicket | None:
         ticket_id = _new_id()
@@ -253,10 +263,10 @@ class RedisSlotPool:
     # -- waiting --------------------------------------------------------------------------
 
     def heard(self, message: bytes) -> None:
-        """A change announced on the pool's channel: `kind:version:holders:waiters:shed`."""
+        """A change announced on the pool's channel (`policies.slots.lua` has its format)."""
         try:
-            kind, version, active, queued, *shed = message.split(b":")
-            self._state(int(version), int(active), int(queued), int(shed[0]) if shed else 0)
+            kind, version, active, queued, shed, seats = message.split(b":")
+            self._state(int(version), int(active), int(queued), int(shed), from_message(seats))
         except ValueError:
             log.debug("ignored a malformed wake-up on %s: %r", self.channel, message[:64])
             return
@@ -287,17 +297,18 @@ class RedisSlotPool:
 
     async def _poll(self) -> None:
         tickets = list(self._tickets.values())
+        offer = self.group.offer()
         reply = await self.coordinator.call(
             "poll", self.keys,
-            [self.capacity, self.ttl_ms, self.channel, *(t.id for t in tickets)])
-        version, active, queued, sheddable, now_ms, granted = reply[:6]
+            [self.ttl_ms, self.channel, len(offer) // 2, *offer, *(t.id for t in tickets)])
+        version, active, queued, sheddable, now_ms, granted, seats = reply[:7]
         self._ages = [(int(now_ms) - float(g)) / 1000 for g in granted]
         self._ages_at = self.clock()
         moved = False
         for i, ticket in enumerate(tickets):
-            status, value = reply[6 + 2 * i], reply[7 + 2 * i]
+            status, value, replica = reply[7 + 3 * i: 10 + 3 * i]
             if status == 1:
-                lease = RedisLease(self, ticket.id, value)
+                lease = RedisLease(self, ticket.id, value, replica.decode())
                 self._tickets.pop(ticket.id, None)
                 ticket.position = 0  # out of the line, as a local ticket says
                 if ticket.future.done():  # it left meanwhile: give the slot back
@@ -316,7 +327,7 @@ class RedisSlotPool:
                 self._tickets.pop(ticket.id, None)
                 if not ticket.future.done():
                     ticket.future.set_exception(CoordinationError("place in line expired"))
-        self._state(version, active, queued, sheddable, moved)
+        self._state(version, active, queued, sheddable, from_reply(seats), moved)
 
     def _fail_if_open(self, exc: CoordinationError) -> None:
         """With the breaker open, waiting here is waiting for nothing: tell the waiters."""
@@ -355,20 +366,23 @@ class RedisSlotPool:
                     self.name, self.lease_ttl_s)
         return 0
 
-    def _state(self, version: int, active: int, queued: int, sheddable: int = 0,
-               moved: bool = False) -> None:
+    def _state(self, version: int, active: int, queued: int, sheddable: int,
+               seats: Sequence[bytes] | dict[str, int], moved: bool = False) -> None:
         """Take Redis's counts unless older than those already heard; tell watchers and
         waiters if they (or a position here) changed."""
         version = int(version)
+        held = seats if isinstance(seats, dict) else from_reply(seats)
         if version < self.version:  # a late reply: keep the newer counts
             active, queued, sheddable = self.active, self.queued, self.sheddable
+            held = self.group.held
         self.version = max(self.version, version)
         active, queued = max(0, int(active)), max(0, int(queued))
         sheddable = max(0, int(sheddable))
         if (active, queued, sheddable) == (self.active, self.queued, self.sheddable) \
-                and not moved:
+                and held == self.group.held and not moved:
             return
         self.active, self.queued, self.sheddable = active, queued, sheddable
+        self.group.held = held
         self._forecasts.clear()
         if self._change is not None and not self._change.done():
             self._change.set_result(None)
@@ -378,7 +392,6 @@ class RedisSlotPool:
 
 def _new_id() -> str:
     return os.urandom(9).hex()
-
 
 
 def _granted(future: asyncio.Future[RedisLease]) -> RedisLease | None:

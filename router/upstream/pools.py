@@ -57,17 +57,18 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
 def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
               coordinator: RedisCoordinator | None) -> SlotPool:
     estimator = HoldTimeModel(backend.initial_hold_s)
+    replicas = {e.name or name: e.slots for e in backend.replicas(name)}
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
-        replicas = {e.name or name: e.slots for e in backend.replicas(name)}
         return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator,
                              replicas=replicas)
-    from policies.slots.failover import FailoverPool, local_share
+    from policies.slots.failover import FailoverPool, local_share, local_shares
     from policies.slots.redis import RedisSlotPool
 
     shared = RedisSlotPool(name, backend.slots, backend.queue_limit, estimator, coordinator,
-                           config.lease_ttl_s, config.recheck_s)
+                           config.lease_ttl_s, config.recheck_s, replicas=replicas)
     local = None
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
-                              backend.queue_limit, HoldTimeModel(backend.initial_hold_s))
+                              backend.queue_limit, HoldTimeModel(backend.initial_hold_s),
+                              replicas=local_shares(replicas, config.expected_replicas))
     return FailoverPool(shared, local, config.expected_replicas)

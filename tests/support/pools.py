@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
@@ -34,11 +34,15 @@ class PoolFactory:
         self._before = asyncio.all_tasks()  # e.g. the redis-server fixture's own
 
     async def __call__(self, capacity: int, queue_limit: int, replicas: int = 1,
-                       recheck_s: float = 1.0) -> list[SlotPool]:
+                       recheck_s: float = 1.0,
+                       group: Mapping[str, int] | None = None) -> list[SlotPool]:
+        """`replicas` views of one pool (gateway processes); `group`: its engine replicas'
+        slots (a group of one of `capacity` by default)."""
         self._made += 1
         name = f"pool{self._made}"
         if self.redis_url is None:
-            local = LocalSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0))
+            local = LocalSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
+                                  replicas=group)
             self._check_bounds(local)
             return [local] * replicas
         pools: list[SlotPool] = []
@@ -48,7 +52,8 @@ class PoolFactory:
                 breaker=CircuitBreaker(3, 5.0, time.monotonic))
             self.coordinators.append(coordinator)
             pool = RedisSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
-                                 coordinator, lease_ttl_s=15, recheck_s=recheck_s)
+                                 coordinator, lease_ttl_s=15, recheck_s=recheck_s,
+                                 replicas=group)
             await self._start(coordinator, pool)
             self._check_bounds(pool)
             pools.append(pool)
@@ -73,12 +78,15 @@ class PoolFactory:
             unwatch()
 
     def _check_bounds(self, pool: SlotPool) -> None:
-        """Record every reported state outside the pool's bounds; checked at teardown."""
+        """Record every reported state outside the pool's bounds (or a replica's slots);
+        checked at teardown."""
 
         def seen(_: object) -> None:
             if not (0 <= pool.active <= pool.capacity and 0 <= pool.queued <= pool.queue_limit):
                 self.violations.append(f"{pool.name}: active={pool.active} "
                                        f"queued={pool.queued}")
+            self.violations += [f"{pool.name}: {seat}" for seat in pool.seats()
+                                if not 0 <= seat.active <= seat.slots]
 
         pool.watch(seen)
 
