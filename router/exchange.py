@@ -71,12 +71,13 @@ class Exchange:
     def prefer(self, backend: Backend, parsed: ParsedRequest) -> tuple[str, ...]:
         """The replica of `backend`'s group to try first (empty: any, or a group of one)."""
         if not backend.grouped:
-            self.rec.pick = None  # (a retry may come from a group)
+            self.rec.pick = self.rec.prefix_blocks = None  # (a retry may come from a group)
             return ()
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
             self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block)
-        prefer, self.rec.pick = preference(backend, self.place, self.failed_on)
+        prefer, self.rec.pick, self.rec.prefix_blocks = preference(backend, self.place,
+                                                                    self.failed_on)
         return prefer
 
     def retry_after(self, pools: Iterable[SlotPool]) -> int:

@@ -43,13 +43,14 @@ def placement(parsed: ParsedRequest, session_header: str | None,
                      pick.session_key(session_header, parsed.body.get("user")), block_bytes)
 
 
-def preference(backend: Backend, place: Placement,
-               avoid: Sequence[str] = ()) -> tuple[tuple[str, ...], str | None]:
-    """The replica to try first (empty: any) and why (a `PickReason`, None for a group of
-    one or when no replica is free). Replicas in `avoid` (the request failed there) are
-    picked only when nothing else is free."""
+def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()
+               ) -> tuple[tuple[str, ...], str | None, int | None]:
+    """The replica to try first (empty: any), why (a `PickReason`, None for a group of one
+    or when no replica is free) and how many of the prompt's blocks the affinity table
+    knew (None: not looked up). Replicas in `avoid` (the request failed there) are picked
+    only when nothing else is free."""
     if not backend.grouped:
-        return (), None
+        return (), None, None
     replicas, readings = backend.replicas, backend.readings
     stale_s, now = backend.config.signals.stale_after_s, time.monotonic()
     snapshot = [pick.Replica(s.name, s.slots, s.active,
@@ -65,10 +66,11 @@ def preference(backend: Backend, place: Placement,
                        session=place.session, epsilon=config.affinity.load_bound,
                        cursor=backend.cursor,
                        warm_tokens=match.blocks * place.block_bytes // BYTES_PER_TOKEN)
+    known = match.blocks if table is not None else None
     if choice is None:
-        return (), None
+        return (), None, known
     backend.cursor = choice.cursor
-    return (choice.replica,), choice.reason.value
+    return (choice.replica,), choice.reason.value, known
 
 
 def placed(backend: Backend, lease: Lease, place: Placement | None) -> int:

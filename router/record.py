@@ -52,6 +52,7 @@ class RequestRecord:
     backend: str | None = None
     replica: str | None = None  # the endpoint of the backend's group that served it
     pick: str | None = None  # why that replica (a group of more than one)
+    prefix_blocks: int | None = None  # of its prompt, known to the affinity table (looked up)
     reason: str | None = None
     stream: bool = False
     status: int = 0

@@ -91,6 +91,10 @@ async def test_replicas_are_counted_per_endpoint_and_picks_start_at_zero(
                 (("backend", "big"), ("reason", reason.value))) in before
     assert not any(name == "slotgate_replica_picks_total" and ("backend", "one") in labels
                    for name, labels in before)  # a group of one is never picked within
+    for result in ("hit", "miss"):
+        assert value(before, "slotgate_prefix_lookups_total", backend="big", result=result) == 0
+        assert ("slotgate_prefix_lookups_total", (("backend", "big"), ("result", result))) \
+            in before
     for endpoint, slots in (("big-0", 2), ("big-1", 1)):
         assert value(before, "slotgate_replica_slot_capacity", backend="big",
                      endpoint=endpoint) == slots

@@ -103,6 +103,9 @@ async def test_a_conversation_stays_on_the_replica_that_holds_its_prefix(
     assert where == ["big-2"] * 5  # least loaded would have gone back to big-0
     picks = {r.request_id: r.pick for r in gw.gateway.recent}
     assert [picks[f"turn-{turn}"] for turn in range(1, 5)] == ["prefix"] * 4
+    # The fillers' prompt fills no block, the first turn's is new: three misses, four hits.
+    lookups = gw.gateway.metrics.prefix_lookups.values
+    assert (lookups[("big", "hit")], lookups[("big", "miss")]) == (4, 3)
     await assert_idle(gw)
 
 

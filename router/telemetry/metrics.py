@@ -74,10 +74,13 @@ class Metrics:
                                    BUCKETS)
         self.picks = Tally("slotgate_replica_picks", "Why a group's request was offered "
                            "its replica", ["backend", "reason"])
+        self.prefix_lookups = Tally("slotgate_prefix_lookups", "A group's prompt prefixes "
+                                    "looked up in its affinity table, by whether a replica "
+                                    "was known to hold one", ["backend", "result"])
         self._groups: set[str] = set()  # the pools of more than one replica
         for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
                       self.auth_failures, self.replica_requests, self.replica_ttft,
-                      self.picks):
+                      self.picks, self.prefix_lookups):
             r.register(tally)
 
     def held(self, pool: str, seconds: float) -> None:
@@ -106,6 +109,8 @@ class Metrics:
             self._groups.add(pool.name)
             for reason in PickReason:
                 self.picks.add((pool.name, reason.value), 0.0)
+            for result in ("hit", "miss"):
+                self.prefix_lookups.add((pool.name, result), 0.0)
 
     def record(self, rec: RequestRecord, primary: str | None,
                failed: FailureKind | None = None) -> None:
@@ -132,6 +137,8 @@ class Metrics:
             self.tokens.add((rec.backend, "out"), rec.completion_tokens or 0)
         if rec.pick is not None and rec.backend in self._groups:  # a retry elsewhere may
             self.picks.add((rec.backend, rec.pick))  # leave its first group's pick behind
+            if rec.prefix_blocks is not None:
+                self.prefix_lookups.add((rec.backend, "hit" if rec.prefix_blocks else "miss"))
         if rec.replica is not None:
             if rec.status:
                 self.replica_requests.add((rec.backend, rec.replica, f"{rec.status // 100}xx"))
