@@ -235,9 +235,11 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
             ex.gw.replica_health.report(lease.pool, lease.replica, failure)
         else:
             await ex.gw.health.report(lease.pool, failure)
-        if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour
-            ex.gw.health.throttle(  # its Retry-After
-                lease.pool, parse_retry_after(failure.headers.get("Retry-After")))
+        if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour its
+            wait_s = parse_retry_after(failure.headers.get("Retry-After"))  # Retry-After
+            if not (backend.grouped and ex.gw.replica_health.throttle(
+                    lease.pool, lease.replica, wait_s)):  # the replica alone, if others serve
+                ex.gw.health.throttle(lease.pool, wait_s)
         raise
     finally:
         held_s = lease.held_s

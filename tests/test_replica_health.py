@@ -7,9 +7,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aiohttp import web
+
 from router.app import RunningGateway
 from router.upstream.simulated.engine import FaultMode
-from tests.support import MESSAGES, SdkClients, StartGateway, assert_idle, engine
+from tests.support import (
+    MESSAGES,
+    SdkClients,
+    StartGateway,
+    assert_idle,
+    engine,
+    serve_app,
+)
 
 FAST = {"ttft_s": 0, "tokens_per_s": 0, "output_tokens": 8, "max_num_seqs": 8}
 
@@ -80,3 +89,39 @@ async def test_a_group_with_no_replica_left_sends_its_line_to_the_fallback(
         engine(gw, "big", name).reset()
     await healthy(gw, {"big-0": True, "big-1": True})
     await assert_idle(gw)
+
+
+async def test_a_replicas_429_cools_that_replica_alone(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    hits: list[int] = []
+
+    async def saturated(request: web.Request) -> web.Response:
+        hits.append(1)
+        return web.json_response({"error": {"message": "too many", "type": "rate_limit_error",
+                                            "code": "rate_limit_exceeded"}},
+                                 status=429, headers={"Retry-After": "30"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", saturated)
+    runner, url = await serve_app(app)
+    try:
+        raw = group()
+        raw["backends"]["big"]["endpoints"] = [
+            {"url": url + "/v1", "slots": 2, "name": "busy"},
+            {"simulated": FAST, "slots": 2, "name": "calm"}]
+        gw = await start(raw)
+        where = []
+        for _ in range(4):  # round robin: busy's turn comes twice
+            reply = await sdk(gw).chat.completions.with_raw_response.create(
+                model="chat", messages=MESSAGES)
+            where.append(reply.headers["x-slotgate-endpoint"])
+        assert where == ["calm"] * 4  # the first retried on its sibling, then busy waits
+        assert len(hits) == 1  # busy asked for 30 s and was asked nothing more
+        assert [s.healthy for s in gw.gateway.backends["big"].pool.seats()] == [False, True]
+        assert not gw.gateway.health.is_open("big")  # the group serves on
+        assert gw.gateway.replica_health.healthy("big", "busy")  # backpressure, no fault
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
+

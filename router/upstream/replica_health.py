@@ -6,7 +6,9 @@ proof enough: its breaker opens at once. An open breaker takes the replica's slo
 the group's capacity (`SlotPool.set_healthy`), so nothing new goes there and the line
 waits for the others; its health check (GET /v1/models) runs at each probe time and puts
 it back when it passes. A group with no replica left opens the backend's own breaker, so
-its line moves to the route's fallbacks as a failed single engine's does.
+its line moves to the route's fallbacks as a failed single engine's does. A replica's own
+429 is backpressure, not a fault: it takes no new work until its `Retry-After` has passed
+while its siblings serve the group (the last one left cools the backend, as one engine).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ReplicaHealth:
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
         self._pools: dict[str, SlotPool] = {}
         self._probers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._cooling: dict[tuple[str, str], asyncio.TimerHandle] = {}  # after their 429
 
     def add(self, backend: str, replica: str, config: BackendConfig, pool: SlotPool) -> None:
         """Watch `replica` of `backend` (again after a reload: its count starts anew)."""
@@ -59,6 +62,27 @@ class ReplicaHealth:
         else:
             breaker.failure()
 
+    def throttle(self, backend: str, replica: str, seconds: float) -> bool:
+        """`replica` said 429: out of the group's capacity for `seconds`. False when the
+        group has no other replica that takes work (then the backend cools, as one)."""
+        pool = self._pools.get(backend)
+        if pool is None:
+            return False
+        handle = self._cooling.pop((backend, replica), None)
+        if handle is not None:
+            handle.cancel()
+        pool.set_healthy(replica, False)
+        self._cooling[(backend, replica)] = asyncio.get_running_loop().call_later(
+            seconds, self._cooled, backend, replica)
+        log.warning("replica %s of backend %s is saturated (429): no new work for %g s",
+                    replica, backend, seconds)
+        return any(seat.healthy for seat in pool.seats())
+
+    def _cooled(self, backend: str, replica: str) -> None:
+        self._cooling.pop((backend, replica), None)
+        if self.healthy(backend, replica):  # its breaker may have opened meanwhile
+            self._pools[backend].set_healthy(replica, True)
+
     def succeeded(self, backend: str, replica: str) -> None:
         breaker = self._breakers.get((backend, replica))
         if breaker is not None:
@@ -69,6 +93,8 @@ class ReplicaHealth:
         return breaker is None or breaker.state is BreakerState.CLOSED
 
     async def close(self) -> None:
+        for handle in self._cooling.values():
+            handle.cancel()
         tasks = list(self._probers.values())
         for task in tasks:
             task.cancel()
@@ -88,7 +114,8 @@ class ReplicaHealth:
                 self.backends.open(backend)  # nothing left: its line moves on
         elif state is BreakerState.CLOSED:
             log.warning("replica %s of backend %s answers again", replica, backend)
-            pool.set_healthy(replica, True)
+            if (backend, replica) not in self._cooling:  # else when its Retry-After ends
+                pool.set_healthy(replica, True)
             self.backends.succeeded(backend)
 
     async def _check(self, backend: str, replica: str, probe: ReplicaProbe) -> None:
