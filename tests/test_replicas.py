@@ -109,6 +109,32 @@ async def test_a_conversation_stays_on_the_replica_that_holds_its_prefix(
     await assert_idle(gw)
 
 
+async def test_the_bound_moves_a_conversation_off_a_hot_replica(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    gw = await start(group(4, 4))
+    client = sdk(gw)
+    turns: Any = [{"role": "system", "content": "You are a careful assistant. " * 40},
+                  {"role": "user", "content": "first question " * 20}]
+    first = await client.chat.completions.with_raw_response.create(model="chat",
+                                                                   messages=turns)
+    home = first.headers["x-slotgate-endpoint"]
+    engine(gw, "big", home).hold()
+    # A long answer of the same conversation: it goes home (its prefix), and makes it hot.
+    hot = asyncio.create_task(client.chat.completions.create(
+        model="chat", messages=turns, max_tokens=4000))
+    await engine(gw, "big", home).wait_until(lambda sim: sim.held == 1)
+    turns = [*turns, {"role": "assistant", "content": "an answer"},
+             {"role": "user", "content": "second question " * 20}]
+    moved = await client.chat.completions.with_raw_response.create(
+        model="chat", messages=turns, extra_headers={"X-Request-Id": "moved"})
+    assert moved.headers["x-slotgate-endpoint"] != home
+    assert {r.request_id: r.pick for r in gw.gateway.recent}["moved"] == "bound"
+    engine(gw, "big", home).release()
+    await hot
+    await assert_idle(gw)
+
+
 async def test_round_robin_takes_turns(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(group(1, 1, 1, pick="round_robin"))
     where = []
