@@ -55,15 +55,15 @@ class Backend:
     cursor: int = field(default=0)  # round robin's next turn
     readings: dict[str, Reading] = field(default_factory=dict)  # engines' KV pressure
     scraper: asyncio.Task[None] | None = None  # reads them, with `signals.scrape`
+    # More than one replica (retired ones included): a request's replica is picked. Kept,
+    # not computed: every request asks.
+    grouped: bool = field(init=False)
 
-    @property
-    def grouped(self) -> bool:
-        """More than one replica: a request's replica is picked."""
-        return len(self.replicas) > 1
+    def __post_init__(self) -> None:
+        self.grouped = len(self.replicas) > 1
 
     def first(self) -> Replica:
         return next(iter(self.replicas.values()))
-
     async def change(self, config: BackendConfig) -> None:
         """A reload changed its config: new requests see it; the connections of replicas
         kept are kept, new replicas open, removed ones run out what they hold (leases
@@ -80,7 +80,7 @@ class Backend:
             http.max_idle_per_origin = endpoint.slots
             old.upstream = Upstream(self.name, config, _base_url(endpoint, old.simulator), http,
                                     key_env=endpoint.api_key_env, replica=name)
-        self.config = config
+        self.config, self.grouped = config, len(self.replicas) > 1
         self.pool.resize(config.slots, config.queue_limit,
                          {name: e.slots for name, e in wanted.items()})
         self.affinity = _affinity(config, self.affinity)
