@@ -1,5 +1,6 @@
-"""A replica group's pick under a multi-turn workload: round_robin, least_loaded and
-affinity side by side, time to first token and the engines' prefix-cache hits.
+"""A replica group's pick under a multi-turn workload: round_robin, least_loaded, affinity
+and affinity with the waiters' look-ahead side by side, time to first token and the
+engines' prefix-cache hits.
 
 One backend of four simulated replicas of four slots, each engine with a prefix cache, so a
 prompt prefilled on a replica that holds its prefix costs only its new tokens. Sessions of
@@ -36,7 +37,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-POLICIES = ("round_robin", "least_loaded", "affinity")
+# affinity+look_ahead: affinity, and a slot freed on a replica goes to one of the first four
+# waiters whose prefix it holds (none passed over more than twice).
+POLICIES = ("round_robin", "least_loaded", "affinity", "affinity+look_ahead")
 REPLICAS, SLOTS, TURNS, TENANTS = 4, 4, 8, 4
 BYTES_PER_TOKEN = 4  # as the simulated engine counts a prompt
 SPEC = {"max_num_seqs": SLOTS, "ttft_s": 0.02, "prefill_s_per_token": 0.0005,
@@ -103,9 +106,12 @@ def service_s(sessions: Sequence[Session]) -> float:
 
 def config(policy: str) -> dict[str, Any]:
     endpoints = [{"simulated": {**SPEC, "seed": i}, "slots": SLOTS} for i in range(REPLICAS)]
-    return {"backends": {"group": {"model": "m", "endpoints": endpoints, "pick": policy,
-                                   "queue_limit": 5_000, "queue_timeout_s": 600}},
-            "routes": {"chat": {"primary": "group"}}}
+    pick, _, look = policy.partition("+")
+    group: dict[str, Any] = {"model": "m", "endpoints": endpoints, "pick": pick,
+                             "queue_limit": 5_000, "queue_timeout_s": 600}
+    if look:
+        group["affinity"] = {"look_ahead": 4, "max_bypass": 2}
+    return {"backends": {"group": group}, "routes": {"chat": {"primary": "group"}}}
 
 
 def serve(policy: str, conn: Connection) -> None:

@@ -21,7 +21,7 @@ from policies.slots import SlotPool
 from policies.slots.handover import MoveOffers
 from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool
-from router.upstream.pools import make_pool
+from router.upstream.pools import make_pool, tune
 from router.upstream.proxy import Upstream
 from router.upstream.signals import Reading, scrape_forever, stop
 from router.upstream.simulated.app import start_simulator
@@ -83,6 +83,7 @@ class Backend:
         self.config, self.grouped = config, len(self.replicas) > 1
         self.pool.resize(config.slots, config.queue_limit,
                          {name: e.slots for name, e in wanted.items()})
+        tune(self.pool, config)
         self.affinity = _affinity(config, self.affinity)
         await stop(self.scraper)
         self.scraper = self.start_scraper()

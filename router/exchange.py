@@ -30,7 +30,7 @@ class Exchange:
     """One request's state, from its head to its record."""
 
     __slots__ = ("config", "facts", "failed_on", "gw", "hold", "parsed", "place", "priority",
-                 "rec", "request", "response")
+                 "rec", "request", "response", "want")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config) -> None:
@@ -43,6 +43,7 @@ class Exchange:
         self.parsed: ParsedRequest | None = None
         self.place: Placement | None = None  # for a group's pick, made at most once
         self.failed_on: list[str] = []  # replicas it failed on before its first byte
+        self.want: str | None = None  # the replica holding its prefix, should it wait
         self.priority = Priority.STANDARD
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
                              gw.bodies_full)
@@ -71,14 +72,14 @@ class Exchange:
     def prefer(self, backend: Backend, parsed: ParsedRequest) -> tuple[str, ...]:
         """The replica of `backend`'s group to try first (empty: any, or a group of one)."""
         if not backend.grouped:
-            self.rec.pick = self.rec.prefix_blocks = None  # (a retry may come from a group)
-            return ()
+            self.rec.pick = self.rec.prefix_blocks = self.want = None  # (a retry may come
+            return ()  # from a group)
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
             self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block)
-        prefer, self.rec.pick, self.rec.prefix_blocks = preference(backend, self.place,
-                                                                    self.failed_on)
-        return prefer
+        pick = preference(backend, self.place, self.failed_on)
+        self.rec.pick, self.rec.prefix_blocks, self.want = pick.reason, pick.known, pick.holder
+        return pick.first
 
     def retry_after(self, pools: Iterable[SlotPool]) -> int:
         """The Retry-After of a request refused by `pools` (its queue full, its wait over):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies import pick
 from policies.fallback import DEFAULT_OUTPUT_TOKENS, estimate_tokens
@@ -43,14 +44,20 @@ def placement(parsed: ParsedRequest, session_header: str | None,
                      pick.session_key(session_header, parsed.body.get("user")), block_bytes)
 
 
-def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()
-               ) -> tuple[tuple[str, ...], str | None, int | None]:
-    """The replica to try first (empty: any), why (a `PickReason`, None for a group of one
-    or when no replica is free) and how many of the prompt's blocks the affinity table
-    knew (None: not looked up). Replicas in `avoid` (the request failed there) are picked
-    only when nothing else is free."""
+class Preference(NamedTuple):
+    """What a group's pick says of a request."""
+
+    first: tuple[str, ...]  # the replica to try first (empty: any)
+    reason: str | None  # why (a `PickReason`; None when no replica is free)
+    known: int | None  # the prompt's blocks the affinity table knew (None: not looked up)
+    holder: str | None  # the replica that holds them, which a waiter would rather have
+
+
+def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()) -> Preference:
+    """The pick of `backend`'s group for `place`. Replicas in `avoid` (the request failed
+    there) are picked only when nothing else is free."""
     if not backend.grouped:
-        return (), None, None
+        return Preference((), None, None, None)
     replicas, readings = backend.replicas, backend.readings
     stale_s, now = backend.config.signals.stale_after_s, time.monotonic()
     snapshot = [pick.Replica(s.name, s.slots, s.active,
@@ -68,9 +75,9 @@ def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()
                        warm_tokens=match.blocks * place.block_bytes // BYTES_PER_TOKEN)
     known = match.blocks if table is not None else None
     if choice is None:
-        return (), None, known
+        return Preference((), None, known, match.replica)
     backend.cursor = choice.cursor
-    return (choice.replica,), choice.reason.value, known
+    return Preference((choice.replica,), choice.reason.value, known, match.replica)
 
 
 def placed(backend: Backend, lease: Lease, place: Placement | None) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import pytest
 
@@ -95,13 +96,17 @@ async def test_a_removed_replica_runs_out_what_it_holds_and_takes_nothing_new() 
     assert pool.acquire_nowait() is None
 
 
+@pytest.mark.parametrize("look_ahead", [0, 3])
 @pytest.mark.parametrize("seed", range(20))
 async def test_whatever_happens_no_replica_runs_more_than_its_slots_and_the_line_is_fifo(
-    seed: int,
+    seed: int, look_ahead: int
 ) -> None:
+    """First come, first served; with a look-ahead, nobody passed over more than twice."""
     rng = random.Random(seed)
     slots = {"a": rng.randint(1, 3), "b": rng.randint(1, 3), "c": rng.randint(1, 3)}
     pool = group(**slots)
+    pool.look_ahead, pool.max_bypass = look_ahead, 2
+    tickets: list[Any] = []
     leases: list[LocalLease] = []
     waiting: list[asyncio.Task[LocalLease]] = []
     granted: list[int] = []
@@ -118,8 +123,9 @@ async def test_whatever_happens_no_replica_runs_more_than_its_slots_and_the_line
             if lease is not None:
                 leases.append(lease)
             else:
-                ticket = pool.enqueue_nowait()
+                ticket = pool.enqueue_nowait(want=rng.choice([None, *sorted(slots)]))
                 assert ticket is not None
+                tickets.append(ticket)
                 waiting.append(asyncio.create_task(wait(step, ticket)))
         elif roll < 0.85 and leases:
             leases.pop(rng.randrange(len(leases))).release_now()
@@ -132,7 +138,9 @@ async def test_whatever_happens_no_replica_runs_more_than_its_slots_and_the_line
         for seat in pool.seats():
             assert seat.active <= seat.slots, (step, seat)
         assert sum(s.active for s in pool.seats()) == pool.active == len(leases)
-    assert granted == sorted(granted)  # first come, first served
+        assert all(ticket.bypassed <= pool.max_bypass for ticket in tickets)
+    if not look_ahead:
+        assert granted == sorted(granted)  # first come, first served
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
@@ -170,3 +178,32 @@ async def test_a_shared_group_while_redis_is_away_serves_each_replicas_local_sha
             await lease.release()
     finally:
         await coordinator.close()
+
+
+async def test_the_look_ahead_hands_a_freed_slot_to_a_waiter_that_wants_its_replica() -> None:
+    pool = group(a=1, b=1)
+    pool.look_ahead, pool.max_bypass = 3, 1
+    on_a, on_b = pool.acquire_nowait(("a",)), pool.acquire_nowait(("b",))
+    assert on_a is not None and on_b is not None
+    first = pool.enqueue_nowait(want="a")
+    second = pool.enqueue_nowait(want="b")
+    third = pool.enqueue_nowait(want="b")
+    assert first is not None and second is not None and third is not None
+    on_b.release_now()  # b frees: the first waiter wanting b goes, past the head
+    passed = await second.wait(1.0)
+    assert passed.replica == "b" and first.position == 1
+    assert pool.acquire_nowait() is None  # no barging meanwhile
+    passed.release_now()  # b again: the head was passed over once, its limit: it goes
+    assert (await first.wait(1.0)).replica == "b"
+    on_a.release_now()
+    assert (await third.wait(1.0)).replica == "a"
+
+
+async def test_without_look_ahead_the_line_is_first_come_first_served() -> None:
+    pool = group(a=1, b=1)
+    on_b = pool.acquire_nowait(("b",))
+    assert on_b is not None and pool.acquire_nowait(("a",)) is not None
+    head, wants_b = pool.enqueue_nowait(want="a"), pool.enqueue_nowait(want="b")
+    assert head is not None and wants_b is not None
+    on_b.release_now()
+    assert (await head.wait(1.0)).replica == "b" and wants_b.position == 1

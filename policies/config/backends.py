@@ -103,6 +103,11 @@ class AffinityConfig(StrictModel):
     table_size: int = Field(default=100_000, ge=1, le=10_000_000)  # ~130 bytes per entry
     # A replica may run (1 + load_bound) x the group's mean token load before affinity yields.
     load_bound: float = Field(default=EPSILON, ge=0, le=10)
+    # A slot freed on a replica may go to one of the first `look_ahead` waiters whose prefix
+    # it holds, none passed over more than `max_bypass` times (0: first come, first served;
+    # local pools only: a shared Redis line stays FIFO).
+    look_ahead: int = Field(default=0, ge=0, le=64)
+    max_bypass: int = Field(default=2, ge=0, le=100)
 
 
 class SignalsConfig(StrictModel):

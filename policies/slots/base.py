@@ -139,8 +139,10 @@ class SlotPool(Protocol):
     # A free slot now (on the first replica of `prefer` that has one, else any), or None.
     async def try_acquire(self, prefer: Sequence[str] = ()) -> Lease | None: ...
 
-    async def enqueue(self, priority: Priority = Priority.STANDARD) -> Ticket | None:
-        ...  # a ticket, or None when the queue is full (and holds no one to displace)
+    # A ticket, or None when the queue is full (and holds no one to displace). `want`: the
+    # replica of the group it would rather run on (a hint a pool may use, or not).
+    async def enqueue(self, priority: Priority = Priority.STANDARD,
+                      want: str | None = None) -> Ticket | None: ...
 
     def seats(self) -> tuple[Seats, ...]: ...  # each replica's slots, held and health
 

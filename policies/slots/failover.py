@@ -166,7 +166,8 @@ class FailoverPool:
         except CoordinationError:
             return self._local().acquire_nowait(prefer)
 
-    async def enqueue(self, priority: Priority = Priority.STANDARD) -> Ticket | None:
+    async def enqueue(self, priority: Priority = Priority.STANDARD,
+                      want: str | None = None) -> Ticket | None:
         try:
             ticket = await self.shared.enqueue(priority)
         except CoordinationError:

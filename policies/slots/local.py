@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from bisect import bisect_left, insort
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 from policies.config import Priority
@@ -28,6 +26,7 @@ from policies.slots.base import (
     QueueTimeout,
     Seats,
 )
+from policies.slots.line import Line
 
 
 class LocalLease:
@@ -60,16 +59,19 @@ class LocalLease:
 
 
 class LocalTicket:
-    __slots__ = ("_claimed", "_future", "_pool", "enqueued_at", "rank", "seq")
+    __slots__ = ("_claimed", "_future", "_pool", "bypassed", "enqueued_at", "rank", "seq",
+                 "want")
 
     def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease],
-                 rank: int) -> None:
+                 rank: int, want: str | None = None) -> None:
         self._pool = pool
         self._future = future
         self._claimed = False
         self.rank = rank
-        self.seq = 0  # its place in its class's line (set by _Line.append)
+        self.seq = 0  # its place in its class's line (set by Line.append)
         self.enqueued_at = pool.clock()
+        self.want = want  # the replica it would rather run on (its prompt's prefix is there)
+        self.bypassed = 0  # waiters behind it served first (the look-ahead)
 
     @property
     def position(self) -> int:
@@ -114,56 +116,6 @@ class LocalTicket:
         return None
 
 
-class _Line:
-    """One class's FIFO line. A ticket's place is found in O(log n), not by a walk: it is
-    its sequence number less the head's, less the tickets that left from the middle."""
-
-    __slots__ = ("_gaps", "_next", "tickets")
-
-    def __init__(self) -> None:
-        self.tickets: OrderedDict[LocalTicket, None] = OrderedDict()
-        self._next = 0
-        self._gaps: list[int] = []  # sequence numbers of tickets gone from behind the head
-
-    def __len__(self) -> int:
-        return len(self.tickets)
-
-    def append(self, ticket: LocalTicket) -> None:
-        ticket.seq, self._next = self._next, self._next + 1
-        self.tickets[ticket] = None
-
-    def pop_head(self) -> LocalTicket:
-        ticket, _ = self.tickets.popitem(last=False)
-        if self._gaps and self.tickets:  # forget gaps the head has passed
-            del self._gaps[:bisect_left(self._gaps, next(iter(self.tickets)).seq)]
-        elif not self.tickets:
-            self._gaps.clear()
-        return ticket
-
-    def pop_tail(self) -> LocalTicket:
-        ticket = next(reversed(self.tickets))
-        self.remove(ticket)
-        return ticket
-
-    def remove(self, ticket: LocalTicket) -> bool:
-        if ticket not in self.tickets:
-            return False
-        if next(iter(self.tickets)) is ticket:
-            self.pop_head()
-        else:
-            del self.tickets[ticket]
-            insort(self._gaps, ticket.seq)
-        return True
-
-    def position(self, ticket: LocalTicket) -> int:
-        """1 for the head; 0 when not in this line."""
-        if ticket not in self.tickets:
-            return 0
-        head = next(iter(self.tickets)).seq
-        gone = bisect_left(self._gaps, ticket.seq) - bisect_left(self._gaps, head)
-        return ticket.seq - head - gone + 1
-
-
 class _Seat:
     """One replica's slots; `slots` 0 once a reload removed it (it runs out what it holds)."""
 
@@ -191,6 +143,10 @@ class LocalSlotPool:
         replicas: Mapping[str, int] | None = None,
     ) -> None:
         self.name = name
+        # A slot freed on a replica may go to one of the first `look_ahead` waiters of the
+        # class served next that wants that replica, none passed over more than
+        # `max_bypass` times; 0: strictly first come, first served.
+        self.look_ahead, self.max_bypass = 0, 2
         self._seats = {r: _Seat(n) for r, n in (replicas or {name: capacity}).items()}
         self.capacity = self._healthy_slots()
         self.queue_limit = queue_limit
@@ -198,7 +154,7 @@ class LocalSlotPool:
         self.clock = clock
         self.active = 0
         # One FIFO line per priority class, served in class order.
-        self._lines: tuple[_Line, ...] = tuple(_Line() for _ in Priority)
+        self._lines: tuple[Line[LocalTicket], ...] = tuple(Line() for _ in Priority)
         self._watchers: list[Callable[[LocalSlotPool], None]] = []
         self._leases: dict[LocalLease, float] = {}  # held now -> granted at
         self._change: asyncio.Future[None] | None = None
@@ -303,10 +259,12 @@ class LocalSlotPool:
         self._changed()
         return lease
 
-    async def enqueue(self, priority: Priority = Priority.STANDARD) -> LocalTicket | None:
-        return self.enqueue_nowait(priority)
+    async def enqueue(self, priority: Priority = Priority.STANDARD,
+                      want: str | None = None) -> LocalTicket | None:
+        return self.enqueue_nowait(priority, want)
 
-    def enqueue_nowait(self, priority: Priority = Priority.STANDARD) -> LocalTicket | None:
+    def enqueue_nowait(self, priority: Priority = Priority.STANDARD,
+                       want: str | None = None) -> LocalTicket | None:
         rank = priority.rank
         if self.queued >= self.queue_limit:
             victims = self._lines[SHEDDABLE]
@@ -315,7 +273,7 @@ class LocalSlotPool:
             victim = victims.pop_tail()  # the newest of the lowest class
             if not victim._future.done():
                 victim._future.set_exception(QueueShed())
-        ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank)
+        ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank, want)
         self._lines[rank].append(ticket)
         # Places move only if it lined up ahead of someone (a lower class waits).
         ahead = any(self._lines[lower] for lower in range(rank + 1, len(self._lines)))
@@ -355,9 +313,28 @@ class LocalSlotPool:
                 replica = self._free_seat(prefer)
                 if replica is None:
                     return
-                ticket = line.pop_head()
+                ticket = self._look_ahead(line, replica) if self.look_ahead else line.pop_head()
                 if not ticket._future.done():  # skip tickets cancelled but not yet gone
                     ticket._future.set_result(self._take(replica, now))
+
+    def _look_ahead(self, line: Line[LocalTicket], replica: str) -> LocalTicket:
+        """The first of the line's first `look_ahead` waiters that wants `replica`, unless a
+        waiter ahead of it was passed over `max_bypass` times already; else the head."""
+        ahead: list[LocalTicket] = []
+        for seen, ticket in enumerate(line.tickets):
+            if seen == self.look_ahead:
+                break
+            if ticket._future.done():
+                continue  # gone: the head pops it
+            if ticket.want == replica:
+                for passed in ahead:
+                    passed.bypassed += 1
+                line.remove(ticket)
+                return ticket
+            if ticket.bypassed >= self.max_bypass:
+                break
+            ahead.append(ticket)
+        return line.pop_head()
 
     def _take(self, replica: str, now: float) -> LocalLease:
         self._seats[replica].active += 1

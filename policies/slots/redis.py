@@ -11,9 +11,8 @@ within the TTL.
 
 Every Redis call has a short timeout and goes through one circuit breaker per process.
 Failures surface as `CoordinationError`; `policies.slots.failover` decides what a request
-then gets. A call that timed out may still have happened, so a release or withdrawal is
-retried by id in the background, and POLL reports a grant whose reply was lost.
-"""
+then gets. A call that timed out may still have happened: a release or withdrawal is
+retried by id in the background, and POLL reports a grant whose reply was lost."""
 
 from __future__ import annotations
 
@@ -243,7 +242,8 @@ class RedisSlotPool:
         self._state(*counts)
         return RedisLease(self, lease_id, token, replica.decode()) if token else None
 
-    async def enqueue(self, priority: Priority = Priority.STANDARD) -> RedisTicket | None:
+    async def enqueue(self, priority: Priority = Priority.STANDARD,
+                      want: str | None = None) -> RedisTicket | None:
         ticket_id = _new_id()
         try:
             position, *counts = await self.coordinator.call(

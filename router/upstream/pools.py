@@ -54,13 +54,23 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
     return coordinator
 
 
+def tune(pool: SlotPool, backend: BackendConfig) -> None:
+    """A local group's look-ahead for its waiters (a shared line stays FIFO)."""
+    if isinstance(pool, LocalSlotPool):
+        grouped = backend.endpoints is not None and len(backend.endpoints) > 1
+        pool.look_ahead = backend.affinity.look_ahead if grouped else 0
+        pool.max_bypass = backend.affinity.max_bypass
+
+
 def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
               coordinator: RedisCoordinator | None) -> SlotPool:
     estimator = HoldTimeModel(backend.initial_hold_s)
     replicas = {e.name or name: e.slots for e in backend.replicas(name)}
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
-        return LocalSlotPool(name, backend.slots, backend.queue_limit, estimator,
+        pool = LocalSlotPool(name, backend.slots, backend.queue_limit, estimator,
                              replicas=replicas)
+        tune(pool, backend)
+        return pool
     from policies.slots.failover import FailoverPool, local_share, local_shares
     from policies.slots.redis import RedisSlotPool
 
