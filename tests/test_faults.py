@@ -23,6 +23,7 @@ from tests.support import (
     sim_backend,
     wait_pools,
 )
+from tests.support.engines import rate_limited
 
 
 async def ask(sdk: SdkClients, gw: Any, **kwargs: Any) -> Any:
@@ -228,16 +229,7 @@ async def test_an_upstream_429_is_honoured(
     sdk: SdkClients, start: StartGateway, with_fallback: bool
 ) -> None:
     hits: list[int] = []
-
-    async def saturated(request: web.Request) -> web.Response:
-        hits.append(1)
-        return web.json_response({"error": {"message": "too many", "type": "rate_limit_error",
-                                            "code": "rate_limit_exceeded"}},
-                                 status=429, headers={"Retry-After": "30"})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", saturated)
-    runner, url = await serve_app(app)
+    runner, url = await serve_app(rate_limited(hits))
     try:
         big = {"url": url + "/v1", "model": "m", "slots": 2}
         gw = await start(gateway_config(

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aiohttp import web
-
 from router.app import RunningGateway
 from router.upstream.simulated.engine import FaultMode
 from tests.support import (
@@ -19,6 +17,7 @@ from tests.support import (
     engine,
     serve_app,
 )
+from tests.support.engines import rate_limited
 
 FAST = {"ttft_s": 0, "tokens_per_s": 0, "output_tokens": 8, "max_num_seqs": 8}
 
@@ -95,16 +94,7 @@ async def test_a_replicas_429_cools_that_replica_alone(
     sdk: SdkClients, start: StartGateway
 ) -> None:
     hits: list[int] = []
-
-    async def saturated(request: web.Request) -> web.Response:
-        hits.append(1)
-        return web.json_response({"error": {"message": "too many", "type": "rate_limit_error",
-                                            "code": "rate_limit_exceeded"}},
-                                 status=429, headers={"Retry-After": "30"})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", saturated)
-    runner, url = await serve_app(app)
+    runner, url = await serve_app(rate_limited(hits))
     try:
         raw = group()
         raw["backends"]["big"]["endpoints"] = [

@@ -110,3 +110,19 @@ async def get(pool: HttpPool, target: Target) -> bytes:
     body: bytes = await within(resp.read(1 << 20))
     resp.release()
     return body
+
+
+def rate_limited(hits: list[int]) -> web.Application:
+    """An engine that answers every chat completion 429 with `Retry-After: 30`, counting
+    each in `hits`."""
+
+    async def saturated(request: web.Request) -> web.Response:
+        hits.append(1)
+        return web.json_response({"error": {"message": "too many", "type": "rate_limit_error",
+                                            "code": "rate_limit_exceeded"}},
+                                 status=429, headers={"Retry-After": "30"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", saturated)
+    return app
+
