@@ -17,9 +17,19 @@ export function withKey(headers = {}) {
   return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
 }
 
+// The form's fields, the same on every page (each page holds an empty <form id="key-form">).
+const FIELDS = `
+  <label for="api-key">API key</label>
+  <input id="api-key" name="api-key" type="password" autocomplete="off"
+         spellcheck="false" placeholder="sk-…" aria-describedby="key-state">
+  <button type="submit" class="secondary">Use key</button>
+  <button id="key-forget" type="button" class="secondary" hidden>Forget</button>
+  <span id="key-state" class="hint" role="status"></span>`;
+
 /** Wire the key form in the top bar; `changed()` runs after a key is set or forgotten. */
 export function keyForm(changed) {
   const form = $("key-form");
+  form.innerHTML = FIELDS;
   const input = $("api-key");
   const forget = $("key-forget");
   const state = $("key-state");
