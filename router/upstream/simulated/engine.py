@@ -264,15 +264,6 @@ class SimEngine:
             self.active -= 1
             self._changed()
 
-    def _plan_ttft(self, rec: SimRecord, plan: Plan) -> float:
-        """TTFT plus the prefill of the prompt tokens the prefix cache does not hold."""
-        spec = self.spec
-        if self.cache is not None:
-            rec.cached_tokens = self.cache.lookup(plan.blocks, plan.prompt_tokens)
-        uncached = plan.prompt_tokens - rec.cached_tokens
-        rec.planned_ttft_s = spec.ttft_s + uncached * spec.prefill_s_per_token
-        return rec.planned_ttft_s
-
     async def _generate(
         self, request: web.Request, rec: SimRecord, plan: Plan, stream: web.StreamResponse | None
     ) -> bytes | None:
@@ -287,7 +278,7 @@ class SimEngine:
         if stream is not None:
             first, head, tail, last = _frames(plan, rid, created, finish)
         # sleep(0) when there is no TTFT: every request yields to the loop at least once
-        await asyncio.sleep(self._plan_ttft(rec, plan))
+        await asyncio.sleep(planned_ttft(self.spec, self.cache, rec, plan))
         if self.cache is not None:
             self.cache.insert(plan.blocks)
         tps, slowdown, final = spec.tokens_per_s, spec.batch_slowdown, n - 1
@@ -327,6 +318,17 @@ class SimEngine:
             choice["text"] = text
         answer["choices"] = [choice]
         return orjson.dumps(answer)
+
+
+def planned_ttft(spec: SimulatedSpec, cache: PrefixCache | None, rec: SimRecord,
+                 plan: Plan) -> float:
+    """TTFT plus the prefill of the prompt tokens the prefix cache does not hold (kept on
+    the record)."""
+    if cache is not None:
+        rec.cached_tokens = cache.lookup(plan.blocks, plan.prompt_tokens)
+    uncached = plan.prompt_tokens - rec.cached_tokens
+    rec.planned_ttft_s = spec.ttft_s + uncached * spec.prefill_s_per_token
+    return rec.planned_ttft_s
 
 
 def _frames(plan: Plan, rid: str, created: int, finish: str) -> tuple[bytes, bytes, bytes, bytes]:
