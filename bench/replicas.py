@@ -46,6 +46,7 @@ SPEC = {"max_num_seqs": SLOTS, "ttft_s": 0.02, "prefill_s_per_token": 0.0005,
         "tokens_per_s": 200, "output_tokens": 40, "prefix_cache_tokens": 16_000,
         "cache_block_tokens": 16}
 ANSWER_BYTES = 183  # the simulated engine's 40-token answer
+COLD_TOKENS = 1_000  # a prefill this long is a system prompt (~2,000 tokens) not cached
 THINK_S = 0.3  # mean think time between an answer and the session's next turn
 WORDS = ("kernel", "cache", "token", "slot", "route", "replica", "prefix", "queue", "batch",
          "tenant", "session", "latency", "budget", "answer", "question", "model", "engine")
@@ -199,6 +200,7 @@ class Row:
     max_mean_requests: float
     engine_p50: float  # the engines' planned TTFT: the prefix cache's share of it
     engine_p99: float
+    cold: int  # requests that prefilled 1,000 tokens or more (a system prompt not cached)
     busy: float  # engine busy time over slot time of the run
     service_s: float  # mean engine time per request
     failed: int
@@ -238,19 +240,20 @@ def run(policy: str, load: float, sessions: Sequence[Session], systems: Sequence
                sum(c for _, c, *_ in records) / sum(p for p, *_ in records),
                max(tokens) / statistics.fmean(tokens), max(counts) / statistics.fmean(counts),
                statistics.median(planned), statistics.quantiles(planned, n=100)[98],
+               sum(p - c >= COLD_TOKENS for p, c, *_ in records),
                sum(r[3] for r in records) / (REPLICAS * SLOTS * took),
                statistics.fmean(r[3] for r in records), sum(t.failed for t in turns), picks)
 
 
 def report(rows: Sequence[Row]) -> None:
     print("| load | policy | TTFT p50 (s) | TTFT p99 (s) | engine TTFT p50 / p99 (s) "
-          "| prefix hits | max/mean tokens | max/mean requests | busy | service (s) | waited "
-          "| failed | picks |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| prefix hits | cold | max/mean tokens | max/mean requests | busy | service (s) "
+          "| waited | failed | picks |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r.load, POLICIES.index(r.policy))):
         picks = ", ".join(f"{k} {v}" for k, v in sorted(r.picks.items()) if k != "waited")
         print(f"| {r.load:.1f}x | {r.policy} | {r.p50:.3f} | {r.p99:.3f} | "
-              f"{r.engine_p50:.3f} / {r.engine_p99:.3f} | {r.hit:.0%} | "
+              f"{r.engine_p50:.3f} / {r.engine_p99:.3f} | {r.hit:.0%} | {r.cold} | "
               f"{r.max_mean_tokens:.2f} | {r.max_mean_requests:.2f} | {r.busy:.0%} | "
               f"{r.service_s:.2f} | {r.waited:.0%} | {r.failed} | {picks} |")
     print("\naffinity / other, same load and run:")
