@@ -199,3 +199,20 @@ async def test_overflow_skips_a_fallback_that_cannot_serve(
     engine(gw, "big").release()
     await asyncio.gather(*busy)
     await assert_idle(gw)
+
+
+async def test_an_experiment_arm_that_steers_honours_capabilities(
+    sdk: SdkClients, start: StartGateway,
+) -> None:
+    raw = config([], when="never")
+    raw["experiments"] = {"steer": {"route": "chat", "arms": {
+        "a": {"fallback": {"when": "always"}}, "b": {"fallback": {"when": "always"}}}}}
+    gw = await start(raw)
+    client = sdk(gw).chat.completions.with_raw_response
+    needy = await client.create(**greeting("needy", **NEEDS["tools"]))
+    assert needy.headers["x-slotgate-arm"] in ("a", "b")
+    assert needy.headers["x-slotgate-backend"] == "big"
+    assert needy.headers["x-slotgate-route-reason"] == "primary:needs:tools"
+    plain = await client.create(**greeting("plain"))
+    assert plain.headers["x-slotgate-backend"] == "small"
+    await assert_idle(gw)
