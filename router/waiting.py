@@ -16,6 +16,7 @@ from typing import Any
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
+from policies.brevity import lean_simple
 from policies.config import FallbackWhen, RouteConfig
 from policies.fallback import Candidate, Move, RequestFacts, Stay
 from policies.fallback import decide as steer_by_intent
@@ -97,10 +98,14 @@ def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Sta
     if ex.facts is None:
         assert gw.classifier is not None, "steering routes load the classifier at startup"
         began = time.perf_counter()
-        prediction = gw.classifier.predict(request_text(parsed.body))
+        text = request_text(parsed.body)
+        prediction = gw.classifier.predict(text)
         gw.metrics.classifier.observe(time.perf_counter() - began)
+        intents = route.fallback.intents
+        p_simple = lean_simple(prediction.p_simple(intents), prediction.intent, intents,
+                               parsed.max_tokens, text)  # brevity leans simple
         ex.facts = RequestFacts(
-            prediction.intent, prediction.p_simple(route.fallback.intents),
+            prediction.intent, p_simple,
             ex.prompt_tokens(parsed), parsed.max_tokens, ex.needs(parsed).capabilities,
         )
         rec.intent, rec.p_simple = ex.facts.intent, round(ex.facts.p_simple, 4)
