@@ -2,14 +2,15 @@
 
 Order: a free slot on the primary; room in the primary's queue; then, when the route
 allows overflow, a fallback with a free slot, then a fallback with queue room
-(each in the route's order); otherwise reject with a Retry-After. Room in a queue counts
-the `sheddable` waiters a newcomer of a higher class would displace.
+(each in the route's order, among those `able` to serve the request); otherwise reject
+with a Retry-After. Room in a queue counts the `sheddable` waiters a newcomer of a higher
+class would displace.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from policies.config import Overflow, Priority
@@ -63,15 +64,19 @@ def decide(
     priority: Priority = Priority.STANDARD,
     *,
     forecast: Callable[[PoolSnapshot], float],
+    able: Container[str] | None = None,
 ) -> Decision:
     """Where the request goes, or why not. `forecast(pool)`: the pool's own forecast of
-    seconds until its next slot frees, asked only for a rejection's Retry-After."""
+    seconds until its next slot frees, asked only for a rejection's Retry-After. `able`:
+    the fallbacks that serve the request (None: all), asked only when it would overflow."""
     if primary.free > 0 and primary.queued == 0:
         return Run(primary.name, RouteReason.PRIMARY)
     if primary.room_for(priority) > 0:
         return Wait(primary.name, RouteReason.PRIMARY)
     considered = [primary]
     if overflow is Overflow.FALLBACK:
+        if able is not None:
+            fallbacks = [pool for pool in fallbacks if pool.name in able]
         for pool in fallbacks:
             if pool.free > 0 and pool.queued == 0:
                 return Run(pool.name, RouteReason.OVERFLOW)

@@ -11,20 +11,31 @@ backends are sick. Inputs are the route, its full chain (primary, then fallbacks
 configured), each backend's `Standing` at one instant, and the retries in flight. The
 caller takes the snapshot, asks here, then takes the probe of the backend chosen (when
 the answer says so) with no await in between, so the snapshot still holds.
+
+Neither ever sends a request to a backend that cannot serve it (`policies.capabilities`:
+tools, vision, a JSON schema, its size in the context window); the route's primary is
+never second-guessed. Failover is told which backends may take the request (`able`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
+from policies.capabilities import (
+    ALL_CAPABILITIES,
+    Ability,
+    Capability,
+    Lack,
+    Needs,
+    first_lack,
+    serves,
+    size,
+)
 from policies.config import FallbackWhen, Overflow, RouteConfig, RouteFallbackConfig
 from policies.eta import queue_wait_s
 from policies.slots import PoolSnapshot
-
-# Output budget assumed when the request sets no max_tokens, for the context-window check.
-DEFAULT_OUTPUT_TOKENS = 1024
 
 
 class StayReason(enum.StrEnum):
@@ -32,7 +43,8 @@ class StayReason(enum.StrEnum):
     PRIMARY_FREE = "primary_free"
     INTENT = "intent"
     CONFIDENCE = "confidence"
-    NO_ROOM = "no_room"  # qualified, but no fallback fits or has room or a shorter wait
+    NO_ROOM = "no_room"  # qualified, but no fallback that serves it has room or a shorter wait
+    NEEDS = "needs"  # qualified, but no fallback serves it (`Stay.lack` says what it lacks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +53,11 @@ class RequestFacts:
     p_simple: float
     prompt_tokens: int
     max_tokens: int | None
+    capabilities: frozenset[Capability] = frozenset()  # what it needs beyond plain chat
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(self.capabilities, size(self.prompt_tokens, self.max_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +66,11 @@ class Candidate:
 
     pool: PoolSnapshot
     context_window: int | None
+    capabilities: frozenset[Capability] = ALL_CAPABILITIES
+
+    @property
+    def ability(self) -> Ability:
+        return Ability(self.capabilities, self.context_window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +83,12 @@ class Move:
 class Stay:
     why: StayReason
     movable: tuple[str, ...] = ()  # fallbacks the request may still move to later
+    lack: Lack | None = None  # with NEEDS: what the (first) fallback lacks
+
+    @property
+    def reason(self) -> str | None:
+        """The route reason when a lack kept the request in place: `primary:needs:tools`."""
+        return None if self.lack is None else f"primary:needs:{self.lack.value}"
 
 
 def decide(
@@ -79,7 +107,11 @@ def decide(
     if facts.p_simple < rule.min_confidence:
         return Stay(StayReason.CONFIDENCE)
     reason = f"fallback:simple:{facts.intent}:{facts.p_simple:.2f}"
-    fitting = [c for c in fallbacks if fits(facts, c.context_window)]
+    needs = facts.needs
+    fitting = [c for c in fallbacks if serves(needs, c.ability)]
+    if not fitting:
+        lack = first_lack(needs, [c.ability for c in fallbacks])
+        return Stay(StayReason.NEEDS, lack=lack) if lack else Stay(StayReason.NO_ROOM)
     for c in fitting:
         if c.pool.free > 0 and c.pool.queued == 0:
             return Move(c.pool.name, reason)
@@ -91,23 +123,6 @@ def decide(
         ):
             return Move(c.pool.name, reason)
     return Stay(StayReason.NO_ROOM, tuple(c.pool.name for c in fitting))
-
-
-def fits(facts: RequestFacts, context_window: int | None) -> bool:
-    if context_window is None:
-        return True
-    output = facts.max_tokens if facts.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
-    return facts.prompt_tokens + output <= context_window
-
-
-def estimate_tokens(text_chars: int, text_bytes: int) -> int:
-    """A cheap, generous token estimate from a text's UTF-8 size.
-
-    About four ASCII characters make a token; a CJK character (three UTF-8 bytes) is
-    about one. Overestimating only keeps a request on the primary.
-    """
-    multibyte = text_bytes - text_chars  # two extra bytes per CJK character
-    return max(1, text_chars // 4 + multibyte // 2)
 
 
 # Retries in flight may be about a fifth of the requests running, at least 3: a sick
@@ -144,25 +159,30 @@ class Retry:
     takes_probe: bool = False
 
 
-def lead(route: RouteConfig, chain: Sequence[str],
-         standing: Mapping[str, Standing]) -> Plan | Unavailable:
+def lead(route: RouteConfig, chain: Sequence[str], standing: Mapping[str, Standing],
+         able: Container[str] | None = None) -> Plan | Unavailable:
     """The route to admit on. A sick primary gives way to the chain's first backend that is
-    up (the others up behind it, overflowing to them), unless its probe is due: then this
-    request is the probe. A backend whose probe is due never leads in another's place."""
+    up and `able` to serve the request (None: all are; the others up and able behind it,
+    overflowing to them), unless its probe is due: then this request is the probe. A
+    backend whose probe is due never leads in another's place."""
     primary = standing[route.primary]
     if primary is not Standing.DOWN:
         return Plan(route, takes_probe=primary is Standing.PROBE)
     healthy = [name for name in chain
-               if name != route.primary and standing[name] is Standing.UP]
+               if name != route.primary and standing[name] is Standing.UP
+               and (able is None or name in able)]
     if not healthy:
         return Unavailable(route.primary)
     return Plan(route.model_copy(update={"primary": healthy[0], "fallbacks": tuple(healthy[1:]),
                                          "overflow": Overflow.FALLBACK}))
 
 
-def without(route: RouteConfig, name: str) -> RouteConfig | None:
-    """`route` minus the backend `name` (None when nothing would be left)."""
-    chain = [b for b in (route.primary, *route.fallbacks) if b != name]
+def without(route: RouteConfig, name: str,
+            able: Container[str] | None = None) -> RouteConfig | None:
+    """`route` minus the backend `name` and those not `able` to serve the request (None:
+    all are), or None when nothing would be left."""
+    chain = [b for b in (route.primary, *route.fallbacks)
+             if b != name and (able is None or b in able)]
     if not chain:
         return None
     return route.model_copy(update={"primary": chain[0], "fallbacks": tuple(chain[1:]),
@@ -175,11 +195,13 @@ def retry_budget_left(retrying: int, running: int) -> bool:
 
 
 def retry_on(chain: Sequence[str], failed_on: str, standing: Mapping[str, Standing],
-             retrying: int, running: int, sibling: bool = False) -> Retry | None:
+             retrying: int, running: int, sibling: bool = False,
+             able: Container[str] | None = None) -> Retry | None:
     """Where a request that failed on `failed_on` before its first byte goes next: another
     replica of the same backend when it has one that takes work (`sibling`), else the first
-    backend after it in the chain that takes work (up, or its probe due). None when there
-    is none (`failed_on` last, or not in the chain) or the retry budget is spent."""
+    backend after it in the chain that takes work (up, or its probe due) and is `able` to
+    serve the request (None: all are). None when there is none (`failed_on` last, or not
+    in the chain) or the retry budget is spent."""
     if not retry_budget_left(retrying, running):
         return None
     if sibling:
@@ -187,7 +209,8 @@ def retry_on(chain: Sequence[str], failed_on: str, standing: Mapping[str, Standi
     if failed_on not in chain:
         return None
     later = chain[chain.index(failed_on) + 1:]
-    after = next((name for name in later if standing[name] is not Standing.DOWN), None)
+    after = next((name for name in later if standing[name] is not Standing.DOWN
+                  and (able is None or name in able)), None)
     if after is None:
         return None
     return Retry(after, takes_probe=standing[after] is Standing.PROBE)

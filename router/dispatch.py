@@ -162,8 +162,9 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
     before the first byte on the next one (`policies.fallback` decides which)."""
     health, retry_min = ex.gw.health, ex.config.server.retry_after_min_s
     chain = [route.primary, *route.fallbacks]
+    able = ex.able(parsed, route.primary)  # never a backend that cannot serve the request
     while True:
-        plan = fallback.lead(route, chain, health.standing(chain))
+        plan = fallback.lead(route, chain, health.standing(chain), able)
         if isinstance(plan, fallback.Unavailable):
             raise health.unavailable(plan.backend, chain, retry_min)
         if plan.takes_probe:
@@ -173,7 +174,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             lease = await admit(ex, parsed, route)
             break
         except BackendOpened as opened:  # its breaker opened while we queued: on to
-            rest = fallback.without(route, opened.args[0])  # the rest of the route
+            rest = fallback.without(route, opened.args[0], able)  # the rest of the route
             if rest is None:
                 raise health.unavailable(opened.args[0], chain, retry_min) from None
             route = rest
@@ -188,7 +189,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             ex.failed_on.append(lease.replica)
             retry = fallback.retry_on(chain, lease.pool, health.standing(chain),
                                       health.retrying, ex.gw.running,
-                                      sibling=_sibling(ex, lease))
+                                      sibling=_sibling(ex, lease), able=able)
             if retry is None:
                 raise
             if retry.takes_probe:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from policies.admission import RejectReason
+from policies.capabilities import Needs, estimate_tokens, needs_of, serves
 from policies.config import Config, Priority
 from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
@@ -29,8 +30,8 @@ from router.upstream.proxy import ClientGone
 class Exchange:
     """One request's state, from its head to its record."""
 
-    __slots__ = ("config", "facts", "failed_on", "gw", "hold", "parsed", "place", "priority",
-                 "rec", "request", "response", "want")
+    __slots__ = ("_needs", "config", "facts", "failed_on", "gw", "hold", "parsed",
+                 "place", "priority", "rec", "request", "response", "want")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config) -> None:
@@ -47,6 +48,22 @@ class Exchange:
         self.priority = Priority.STANDARD
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
                              gw.bodies_full)
+        self._needs: Needs | None = None
+
+    def prompt_tokens(self, parsed: ParsedRequest) -> int:
+        """A generous estimate of the prompt's tokens, from the whole body's size."""
+        return estimate_tokens(len(parsed.raw.decode(errors="replace")), len(parsed.raw))
+
+    def needs(self, parsed: ParsedRequest) -> Needs:
+        """What the request needs of a backend (worked out once, when first asked)."""
+        if self._needs is None:
+            self._needs = needs_of(parsed.body, self.prompt_tokens(parsed), parsed.max_tokens)
+        return self._needs
+
+    def able(self, parsed: ParsedRequest, primary: str) -> Capable:
+        """The backends that may take the request, `primary` (its route's) whatever it
+        lacks: asked of a policy only if the request may leave its primary."""
+        return Capable(self, parsed, primary)
 
     def wants_events(self, parsed: ParsedRequest) -> bool:
         """Did the client ask for the named queue events (in the body or a header)?"""
@@ -118,3 +135,20 @@ class Exchange:
             await self.send(err.sse_event())
             await self.response.write_eof()
         return self.response
+
+
+class Capable:
+    """The backends that may take one request, as a container a policy asks about: its
+    route's primary, and those that serve what it needs (read on the first question, so
+    a request that never leaves its primary never works it out)."""
+
+    __slots__ = ("ex", "parsed", "primary")
+
+    def __init__(self, ex: Exchange, parsed: ParsedRequest, primary: str) -> None:
+        self.ex, self.parsed, self.primary = ex, parsed, primary
+
+    def __contains__(self, name: object) -> bool:
+        if name == self.primary:
+            return True  # the route chose it: never second-guessed
+        backend = self.ex.config.backends.get(name) if isinstance(name, str) else None
+        return backend is not None and serves(self.ex.needs(self.parsed), backend.ability)

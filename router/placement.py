@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from policies import pick
-from policies.fallback import DEFAULT_OUTPUT_TOKENS, estimate_tokens
+from policies.capabilities import DEFAULT_OUTPUT_TOKENS, estimate_tokens
 from policies.prefix import NO_MATCH, block_hashes, request_text
 from policies.slots import Lease
 from router.backend import Backend

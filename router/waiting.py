@@ -16,8 +16,9 @@ from typing import Any
 
 from classifier.text import request_text
 from policies.admission import Decision, Reject, RejectReason, Wait, decide
+from policies.brevity import lean_simple
 from policies.config import FallbackWhen, RouteConfig
-from policies.fallback import Candidate, Move, RequestFacts, Stay, estimate_tokens
+from policies.fallback import Candidate, Move, RequestFacts, Stay
 from policies.fallback import decide as steer_by_intent
 from policies.slots import Lease, PoolSnapshot, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers
@@ -44,7 +45,7 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         decision = decide(
             primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow,
             server.retry_after_min_s, server.retry_after_max_s, ex.priority,
-            forecast=next_slot_s,
+            forecast=next_slot_s, able=ex.able(parsed, route.primary),
         )
         if isinstance(decision, Reject):
             raise ex.rejection(decision.reason, decision.advised_retry_s, primary.name)
@@ -55,6 +56,8 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
                 target, reason = step.pool, step.reason
             elif step.movable:
                 movable = step.movable[0]
+            else:
+                reason = step.reason or reason  # primary:needs:<what a fallback lacks>
         backend = backends[target]
         pool = backend.pool
         rec.backend, rec.reason = target, reason
@@ -95,16 +98,21 @@ def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Sta
     if ex.facts is None:
         assert gw.classifier is not None, "steering routes load the classifier at startup"
         began = time.perf_counter()
-        prediction = gw.classifier.predict(request_text(parsed.body))
+        text = request_text(parsed.body)
+        prediction = gw.classifier.predict(text)
         gw.metrics.classifier.observe(time.perf_counter() - began)
+        intents = route.fallback.intents
+        p_simple = lean_simple(prediction.p_simple(intents), prediction.intent, intents,
+                               parsed.max_tokens, text)  # brevity leans simple
         ex.facts = RequestFacts(
-            prediction.intent, prediction.p_simple(route.fallback.intents),
-            estimate_tokens(len(parsed.raw.decode(errors="replace")), len(parsed.raw)),
-            parsed.max_tokens,
+            prediction.intent, p_simple,
+            ex.prompt_tokens(parsed), parsed.max_tokens, ex.needs(parsed).capabilities,
         )
         rec.intent, rec.p_simple = ex.facts.intent, round(ex.facts.p_simple, 4)
+    backends = ex.config.backends
     candidates = [
-        Candidate(gw.backends[name].pool.snapshot(), ex.config.backends[name].context_window)
+        Candidate(gw.backends[name].pool.snapshot(), backends[name].context_window,
+                  frozenset(backends[name].capabilities))
         for name in route.fallbacks
     ]
     return steer_by_intent(ex.facts, gw.backends[route.primary].pool.snapshot(), candidates,

@@ -181,9 +181,17 @@ def test_yaml_syntax_error_has_line(text: str, line: int, words: str) -> None:
             9,
             "should be a list",
         ),
+        (
+            "backends:\n  a:\n    simulated: {}\n    model: m\n    slots: 1\n"
+            "    capabilities: [tools, audio]\n"
+            "routes:\n  a:\n    primary: a\n",
+            "backends.a.capabilities[1]",
+            6,
+            "'tools', 'vision' or 'json_schema'",
+        ),
     ],
     ids=["empty", "list-root", "missing-section", "bad-url", "url-credentials",
-         "nested-unknown-key", "not-a-list"],
+         "nested-unknown-key", "not-a-list", "unknown-capability"],
 )
 def test_single_problem(text: str, path: str, line: int | None, words: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from policies.capabilities import Capability, Lack, estimate_tokens
 from policies.config import FallbackWhen, RouteFallbackConfig
-from policies.fallback import (
-    Candidate,
-    Move,
-    RequestFacts,
-    Stay,
-    StayReason,
-    decide,
-    estimate_tokens,
-)
+from policies.fallback import Candidate, Move, RequestFacts, Stay, StayReason, decide
 from policies.slots import PoolSnapshot
 
 SATURATED = PoolSnapshot("big", 3, 3, 4, 10, 30.0)  # a place in line: ~50 s
@@ -24,9 +17,16 @@ SMALL_BUSY_LONG = Candidate(PoolSnapshot("small", 1, 1, 7, 8, 60.0), 8192)  # ~4
 SMALL_FULL = Candidate(PoolSnapshot("small", 8, 8, 8, 8, 5.0), 8192)
 SMALL_TINY_CONTEXT = Candidate(PoolSnapshot("small", 8, 0, 0, 8, 5.0), 2048)
 
+SMALL_PLAIN = Candidate(PoolSnapshot("plain", 8, 0, 0, 8, 5.0), 8192, frozenset())
+SMALL_TOOLS_ONLY = Candidate(PoolSnapshot("small", 8, 0, 0, 8, 5.0), 8192,
+                             frozenset({Capability.TOOLS}))
+
 RULE = RouteFallbackConfig()  # when: saturated, the simple intents, min_confidence 0.8
 GREETING = RequestFacts("greeting", 0.97, 20, 100)
 REASON = "fallback:simple:greeting:0.97"
+GREETING_TOOLS = RequestFacts("greeting", 0.97, 20, 100, frozenset({Capability.TOOLS}))
+GREETING_VISION = RequestFacts("greeting", 0.97, 20, 100, frozenset({Capability.VISION}))
+GREETING_SCHEMA = RequestFacts("greeting", 0.97, 20, 100, frozenset({Capability.JSON_SCHEMA}))
 
 
 @pytest.mark.parametrize(
@@ -53,10 +53,10 @@ REASON = "fallback:simple:greeting:0.97"
          Move("small", "fallback:simple:greeting:0.80")),
         # Too long for the fallback's context window (prompt + max_tokens).
         (RequestFacts("summarize", 0.9, 1900, 200), SATURATED, [SMALL_TINY_CONTEXT], RULE,
-         Stay(StayReason.NO_ROOM, ())),
+         Stay(StayReason.NEEDS, (), Lack.CONTEXT)),
         # No max_tokens: a default output budget counts against the window.
         (RequestFacts("summarize", 0.9, 1500, None), SATURATED, [SMALL_TINY_CONTEXT], RULE,
-         Stay(StayReason.NO_ROOM, ())),
+         Stay(StayReason.NEEDS, (), Lack.CONTEXT)),
         (RequestFacts("summarize", 0.9, 1500, 100), SATURATED, [SMALL_TINY_CONTEXT], RULE,
          Move("small", "fallback:simple:summarize:0.90")),
         # Fallback busy but its line is shorter than the primary's: move into its queue.
@@ -69,6 +69,21 @@ REASON = "fallback:simple:greeting:0.97"
         (GREETING, SATURATED, [SMALL_BUSY_SHORT, Candidate(PoolSnapshot("edge", 2, 0, 0, 0,
                                                                         1.0), None)],
          RULE, Move("edge", REASON)),
+        # A capability the fallback lacks keeps the request on the primary, and says which.
+        (GREETING_TOOLS, SATURATED, [SMALL_PLAIN], RULE, Stay(StayReason.NEEDS, (), Lack.TOOLS)),
+        (GREETING_VISION, FREE, [SMALL_PLAIN], RouteFallbackConfig(when=FallbackWhen.ALWAYS),
+         Stay(StayReason.NEEDS, (), Lack.VISION)),
+        (GREETING_SCHEMA, SATURATED, [SMALL_PLAIN], RULE,
+         Stay(StayReason.NEEDS, (), Lack.JSON_SCHEMA)),
+        # ... but it may go to a later fallback that serves it (the default: everything).
+        (GREETING_TOOLS, SATURATED, [SMALL_PLAIN, SMALL_FREE], RULE, Move("small", REASON)),
+        (GREETING_TOOLS, SATURATED, [SMALL_TOOLS_ONLY], RULE, Move("small", REASON)),
+        # ... and may still move later only to a fallback that serves it.
+        (GREETING_TOOLS, SATURATED, [SMALL_PLAIN, SMALL_FULL], RULE,
+         Stay(StayReason.NO_ROOM, ("small",))),
+        # A hard request is kept by its intent first: the lack is not why it stayed.
+        (RequestFacts("code", 0.99, 20, 100, frozenset({Capability.TOOLS})), SATURATED,
+         [SMALL_PLAIN], RULE, Stay(StayReason.INTENT)),
     ],
 )
 def test_decide(facts: RequestFacts, primary: PoolSnapshot, fallbacks: list[Candidate],
@@ -86,3 +101,9 @@ def test_decide(facts: RequestFacts, primary: PoolSnapshot, fallbacks: list[Cand
 )
 def test_estimate_tokens_is_cheap_and_generous(text: str, low: int, high: int) -> None:
     assert low <= estimate_tokens(len(text), len(text.encode())) <= high
+
+
+def test_the_route_reason_of_a_lack() -> None:
+    assert Stay(StayReason.NEEDS, (), Lack.TOOLS).reason == "primary:needs:tools"
+    assert Stay(StayReason.NEEDS, (), Lack.CONTEXT).reason == "primary:needs:context"
+    assert Stay(StayReason.NO_ROOM).reason is None

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, HttpUrl, model_validator
 
+from policies.capabilities import Ability, Capability
 from policies.config.base import PositiveSeconds, StrictModel
 from policies.pick import EPSILON, PickMode
 from policies.prefix import BLOCK_BYTES
@@ -133,6 +134,9 @@ class BackendConfig(StrictModel):
     queue_limit: int = Field(default=0, ge=0, le=100_000)
     queue_timeout_s: PositiveSeconds = 60.0
     context_window: int | None = Field(default=None, ge=1)
+    # What the model serves beyond plain chat; a request needing one it lacks is never
+    # moved here (steering, overflow, failover). Default: all, as before the key existed.
+    capabilities: tuple[Capability, ...] = Field(default=tuple(Capability), max_length=16)
     api_key_env: str | None = Field(default=None, pattern=ENV_NAME)
     connect_timeout_s: PositiveSeconds = 5.0
     first_byte_timeout_s: PositiveSeconds = 60.0
@@ -172,6 +176,11 @@ class BackendConfig(StrictModel):
         if len(names) != len(set(names)):
             raise ValueError("endpoint names must be unique within a backend")
         return self
+
+    @property
+    def ability(self) -> Ability:
+        """What this backend serves, as `policies.capabilities` reads it."""
+        return Ability(frozenset(self.capabilities), self.context_window)
 
     def replicas(self, backend: str) -> tuple[EndpointConfig, ...]:
         """The group's endpoints with their names; `url` or `simulated` alone is a group of

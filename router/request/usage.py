@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from classifier.text import request_text
+from policies.capabilities import estimate_tokens
 from policies.config import Config
-from policies.fallback import estimate_tokens
 from policies.pricing import SlotTimeModel, request_cost
 from router.ledger.base import LedgerRow
 

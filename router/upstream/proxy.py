@@ -21,9 +21,9 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
 from policies import failures
+from policies.capabilities import estimate_tokens
 from policies.config import BackendConfig
 from policies.failures import FailureKind
-from policies.fallback import estimate_tokens
 from policies.headers import HOP_BY_HOP
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
