@@ -50,6 +50,7 @@ from numpy.typing import NDArray
 from policies.admission import RejectReason
 from policies.failures import FailureKind, code
 from router.ledger.base import LedgerRow
+from router.report.slo import slo_breakdown
 
 NONE_GROUP = "(none)"
 QUANTILE_METHOD: Final = "linear"
@@ -113,6 +114,8 @@ def build_report(
     }
     if (replicas := replica_breakdown(rows)) is not None:
         report["replicas"] = replicas
+    if (slo := slo_breakdown(rows)) is not None:  # TTFT objectives: router/report/slo.py
+        report["slo"] = slo
     return report
 
 
