@@ -19,6 +19,7 @@ from policies.prefix import AffinityTable
 from policies.pricing import SlotTimeModel
 from policies.slots import SlotPool
 from policies.slots.handover import MoveOffers
+from policies.ttft import FirstByteModel
 from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool
 from router.upstream.pools import make_pool, tune
@@ -50,6 +51,7 @@ class Backend:
     pool: SlotPool
     reporter: QueueReporter  # positions and ETAs for the streams in its queue
     slot_time: SlotTimeModel  # how long its answers hold a slot, by length
+    first_byte: FirstByteModel  # how soon after a slot its first byte comes (TTFT forecast)
     offers: MoveOffers | None = None  # set when a steering route may move requests onto it
     affinity: AffinityTable | None = None  # prompt prefix -> replica, when affinity picks
     cursor: int = field(default=0)  # round robin's next turn
@@ -114,7 +116,8 @@ async def open_backend(name: str, config: BackendConfig, coordination: Coordinat
         replicas[endpoint.name] = await _open_replica(name, config, endpoint)
     pool = make_pool(name, config, coordination, coordinator)
     backend = Backend(name, config, replicas, pool, QueueReporter(pool),
-                      SlotTimeModel(config.initial_hold_s), affinity=_affinity(config, None))
+                      SlotTimeModel(config.initial_hold_s), FirstByteModel.prior(config),
+                      affinity=_affinity(config, None))
     backend.scraper = backend.start_scraper()
     return backend
 

@@ -39,6 +39,7 @@ from router.openai_api import (
 )
 from router.placement import placed, unplaced
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
+from router.request import objective
 from router.request.access_log import log_refused
 from router.request.accounting import settle
 from router.request.usage import CLIENT_CLOSED, count_tokens
@@ -98,6 +99,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
             key = caller.key_id if caller is not None else rec.tenant
             arm = experiment.assign(subject(parsed, key, request))
             rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
+        objective.assign(rec, config, route, exchange.priority)
         try:
             response = await run(exchange, parsed, route)
         except PoolUnavailable as exc:
@@ -144,6 +146,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         exchange.hold.release()
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
+        objective.settle(rec, gw.metrics)
         settle(gw, rec, gw.keyring.enabled, failed)
         logs = config.logging
         if logs.access and log.isEnabledFor(logging.INFO):
@@ -274,7 +277,8 @@ async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
 async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
     """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
     rec = ex.rec
-    upstream = ex.gw.backends[lease.pool].replicas[lease.replica].upstream
+    backend = ex.gw.backends[lease.pool]
+    upstream = backend.replicas[lease.replica].upstream
     start = start_frame(lease.pool, rec.reason, rec.queue_wait_ms, ex.wants_events(parsed),
                         rec.replica)
     preamble = b""
@@ -287,7 +291,8 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         parsed.stream, strip_usage=parsed.stream and not parsed.wants_usage,
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,
-        rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response)
+        rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
+        on_first_byte=lambda at: objective.first_token(rec, backend, ex.gw.metrics, at))
     try:
         response = await forward(attempt)
         rec.phase = Phase.DONE
@@ -296,7 +301,5 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         ex.response = attempt.response
         if attempt.streaming and rec.phase is not Phase.DONE:
             rec.phase = Phase.STREAMING
-        if attempt.first_byte_at is not None:
-            rec.ttft_ms = (attempt.first_byte_at - rec.started_at) * 1000
         if attempt.status == 200:  # the backend took the request and began to answer
             count_tokens(rec, parsed, attempt.usage)

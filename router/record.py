@@ -61,6 +61,9 @@ class RequestRecord:
     slot_at: float | None = None  # perf_counter when the slot was granted
     slot_ms: float = 0.0  # how long the slot was held
     ttft_ms: float | None = None
+    slo_ttft_ms: float | None = None  # its class's TTFT objective (set once its route is known)
+    predicted_ttft_ms: float | None = None  # the TTFT forecast when it was first admitted
+    slo_met: bool | None = None  # judged at its first token or its end (None: not judged)
     total_ms: float = 0.0
     intent: str | None = None
     p_simple: float | None = None

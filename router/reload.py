@@ -1,8 +1,9 @@
 """Config reload without dropping anything (SIGHUP, `slotgate reload`, POST /admin/reload).
 
-A valid config is swapped in at once: new requests see its routes, limits, prices and
-experiments; requests already running keep the config they started with, and leases
-already held stay valid (a pool made smaller admits no one until enough are released).
+A valid config is swapped in at once: new requests see its routes, limits, prices,
+experiments and TTFT objectives; requests already running keep the config they started
+with, and leases already held stay valid (a pool made smaller admits no one until enough
+are released).
 Backends can be added and changed (URL, model, limits, timeouts, price); a removed
 backend stays idle until the next restart. What a running process cannot change (where
 it listens, the pools' coordination, the ledger, a simulated engine) refuses the whole
@@ -90,6 +91,8 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         changes.append("experiments changed")
     if new.auth != old.auth:
         changes.append("auth changed")
+    if new.slo != old.slo:
+        changes.append("slo changed")
     wire_routes(gw)
     log.info("config reloaded: %s", "; ".join(changes) or "no change")
     return changes

@@ -25,6 +25,7 @@ from policies.slots.handover import MoveOffers
 from router.exchange import Exchange
 from router.openai_api import ParsedRequest
 from router.record import Phase
+from router.request import objective
 from router.request.waits import Interrupt, abandon
 from router.upstream.health import BackendOpened
 from router.upstream.proxy import ClientGone
@@ -63,9 +64,11 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         rec.backend, rec.reason = target, reason
         lease = await pool.try_acquire(ex.prefer(backend, parsed))
         if lease is not None:
+            objective.predict(rec, backend, 0.0)
             return lease
         ticket = await pool.enqueue(ex.priority, ex.want)
         if ticket is not None:
+            objective.predict(rec, backend, ticket.eta_s())
             return await wait(ex, parsed, pool, ticket, movable)
     raise ex.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
 
@@ -77,10 +80,12 @@ async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     ex.rec.backend = backend
     lease = await pool.try_acquire(ex.prefer(group, parsed))
     if lease is not None:
+        objective.predict(ex.rec, group, 0.0)
         return lease
     ticket = await pool.enqueue(ex.priority, ex.want)
     if ticket is None:
         raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), backend)
+    objective.predict(ex.rec, group, ticket.eta_s())
     return await wait(ex, parsed, pool, ticket, None)
 
 

@@ -43,8 +43,8 @@ def _exported_names() -> frozenset[str]:
 METRICS_CONTRACT: frozenset[str] = _exported_names()
 
 ALERTS = ("SlotgateSlotsSaturated", "SlotgateQueueWaitHigh", "SlotgateRejectionsHigh",
-          "SlotgateUpstreamErrors", "SlotgateReplicaDown", "SlotgateDown",
-          "SlotgateMetricsAbsent")
+          "SlotgateUpstreamErrors", "SlotgateReplicaDown", "SlotgateTtftObjectiveMissed",
+          "SlotgateDown", "SlotgateMetricsAbsent")
 
 METRIC_RE = re.compile(r"\b(?:llm|slotgate)_[a-z_]+")
 HISTOGRAM_SUFFIX = re.compile(r"_(?:bucket|sum|count)$")

@@ -99,7 +99,7 @@ async def test_a_first_version_ledger_is_migrated_with_its_rows(tmp_path: Path) 
             db.execute(statement)
         db.execute("INSERT INTO schema_migrations VALUES (1, 0)")
         old = row(1)
-        columns = [c for c in COLUMNS if c not in ("key_id", "replica")]
+        columns = COLUMNS[:COLUMNS.index("key_id")]
         quoted = ", ".join(f'"{c}"' for c in columns)  # "primary" is a keyword
         db.execute(f"INSERT INTO requests ({quoted}) "
                    f"VALUES ({', '.join('?' * len(columns))})",
@@ -114,10 +114,12 @@ async def test_a_first_version_ledger_is_migrated_with_its_rows(tmp_path: Path) 
         await store.close()
 
 
-async def _make_second_version_ledger(target: str, old: LedgerRow) -> None:
-    """A ledger as the release before `replica` made it (steps 1 and 2), holding `old`."""
-    steps = [(version, statements) for version, statements in MIGRATIONS if version <= 2]
-    columns = [c for c in COLUMNS if c != "replica"]
+async def _make_old_ledger(target: str, old: LedgerRow, version: int = 2,
+                          first_new: str = "replica") -> None:
+    """A ledger as the release of schema `version` made it (steps 1 to `version`, without
+    the column `first_new` and those after it), holding `old`."""
+    steps = [(v, statements) for v, statements in MIGRATIONS if v <= version]
+    columns = COLUMNS[:COLUMNS.index(first_new)]
     quoted = ", ".join(f'"{c}"' for c in columns)  # "primary" is a keyword
     values = [getattr(old, c) for c in columns]
     versions = "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, " \
@@ -149,7 +151,7 @@ async def _make_second_version_ledger(target: str, old: LedgerRow) -> None:
 
 async def test_a_ledger_without_replicas_is_migrated_in_place(ledger_target: str) -> None:
     """Rows written before the ledger kept the replica read back with replica None."""
-    await _make_second_version_ledger(ledger_target, row(1, key_id="team-a"))
+    await _make_old_ledger(ledger_target, row(1, key_id="team-a"))
     store = open_store(ledger_target)
     await store.open()
     try:
@@ -166,6 +168,31 @@ async def test_a_ledger_without_replicas_is_migrated_in_place(ledger_target: str
         assert len(await reopened.fetch(RowFilter())) == 3
     finally:
         await reopened.close()
+
+
+async def test_a_ledger_without_objectives_is_migrated_in_place(ledger_target: str) -> None:
+    """Step 4 on a ledger of schema 3: rows written before it read back without a class,
+    an objective or a forecast; new rows keep all three."""
+    await _make_old_ledger(ledger_target, row(1, replica="big-0"), version=3,
+                           first_new="priority")
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        kept = row(2, priority="critical", slo_ttft_ms=2000.0, predicted_ttft_ms=412.5)
+        await store.write([kept])
+        got = await store.fetch(RowFilter())
+        assert [(r.id, r.priority, r.slo_ttft_ms, r.predicted_ttft_ms) for r in got] == [
+            ("row-1", None, None, None), ("row-2", "critical", 2000.0, 412.5)]
+        assert got[0] == row(1, replica="big-0") and got[1] == kept
+    finally:
+        await store.close()
+    reopened = open_store(ledger_target)  # a restart finds every step done
+    await reopened.open()
+    try:
+        assert len(await reopened.fetch(RowFilter())) == 2
+    finally:
+        await reopened.close()
+    assert SCHEMA_VERSION == 4
 
 
 async def test_spend_per_key_since_a_time(ledger_target: str) -> None:

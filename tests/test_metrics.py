@@ -15,7 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from policies.holds import HoldTimeModel
 from policies.pick import PickReason
 from policies.slots.local import LocalSlotPool
-from router.app import RunningGateway
 from router.record import RequestRecord
 from router.telemetry.metrics import Metrics
 from router.telemetry.tallies import Spread
@@ -28,20 +27,7 @@ from tests.support import (
     send_in_order,
     sim_backend,
 )
-
-
-async def scrape(gw: RunningGateway) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with aiohttp.ClientSession() as http, http.get(gw.url + "/metrics") as resp:
-        assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain")
-        text = await resp.text()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
-          **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+from tests.support.scrape import scrape, value
 
 
 async def test_metrics_follow_ten_users_on_three_slots(

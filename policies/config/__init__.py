@@ -1,5 +1,5 @@
 """The typed, frozen configuration models: `Config`, the whole document, and its sections
-in modules of their own (server, backends, routes, services, auth; base holds what they
+in modules of their own (server, backends, routes, services, auth, slo; base holds what they
 share). Everything is importable from here.
 
 Pure data and validation: no YAML, no files, no environment lookups here
@@ -53,6 +53,7 @@ from policies.config.services import (
     LoggingConfig,
     RedisDown,
 )
+from policies.config.slo import ClassObjective, RouteSloConfig, SloConfig
 
 __all__ = [
     "COMPLEX_INTENTS",
@@ -65,6 +66,7 @@ __all__ = [
     "AuthConfig",
     "BackendConfig",
     "BudgetConfig",
+    "ClassObjective",
     "Config",
     "CoordinationConfig",
     "CoordinationMode",
@@ -84,9 +86,11 @@ __all__ = [
     "RedisDown",
     "RouteConfig",
     "RouteFallbackConfig",
+    "RouteSloConfig",
     "ServerConfig",
     "SignalsConfig",
     "SimulatedSpec",
+    "SloConfig",
     "StrictModel",
     "check_experiments",
     "cross_check",
@@ -104,6 +108,7 @@ class Config(StrictModel):
     experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
     coordination: CoordinationConfig = CoordinationConfig()
     auth: AuthConfig = AuthConfig()
+    slo: SloConfig = SloConfig()  # each priority class's TTFT objective
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Self:

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from policies.config.base import Loc, Overflow, StrictModel
+from policies.config.slo import RouteSloConfig
 
 # The intent classifier's labels; the simple ones may go to a small model.
 Intent = Literal[
@@ -46,6 +47,7 @@ class RouteConfig(StrictModel):
     fallbacks: tuple[str, ...] = ()
     overflow: Overflow = Overflow.FALLBACK
     fallback: RouteFallbackConfig = RouteFallbackConfig(when=FallbackWhen.NEVER)
+    slo: RouteSloConfig = RouteSloConfig()  # the classes it names override the top level's
 
 
 def cross_check(

@@ -55,6 +55,12 @@ class LedgerRow:
     # The engine of the backend's group that served it (`endpoint` above is the API path);
     # None when it reached no engine, or in rows written before the ledger kept it.
     replica: str | None = None
+    # The caller's class, its TTFT objective and the TTFT forecast at its admission (ms);
+    # None in rows written before the ledger kept them (and the latter two for requests
+    # refused before their route was known, or never admitted).
+    priority: str | None = None
+    slo_ttft_ms: float | None = None
+    predicted_ttft_ms: float | None = None
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))

@@ -19,6 +19,7 @@ _TYPES = {
     "slot_ms": "DOUBLE PRECISION NOT NULL", "prompt_tokens": "INTEGER NOT NULL",
     "completion_tokens": "INTEGER NOT NULL", "tokens_estimated": "BOOLEAN NOT NULL",
     "cost": "DOUBLE PRECISION NOT NULL", "counterfactual_cost": "DOUBLE PRECISION NOT NULL",
+    "slo_ttft_ms": "DOUBLE PRECISION", "predicted_ttft_ms": "DOUBLE PRECISION",
 }
 _V1_COLUMNS = COLUMNS[:COLUMNS.index("key_id")]  # the table as step 1 made it
 _CREATE = "CREATE TABLE requests (\n  " + ",\n  ".join(
@@ -33,6 +34,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (2, ("ALTER TABLE requests ADD COLUMN key_id TEXT",
          "CREATE INDEX requests_key_ts ON requests (key_id, ts)")),
     (3, ("ALTER TABLE requests ADD COLUMN replica TEXT",)),  # rows before it: NULL
+    (4, tuple(f"ALTER TABLE requests ADD COLUMN {name} {_TYPES.get(name, 'TEXT')}"
+              for name in ("priority", "slo_ttft_ms", "predicted_ttft_ms"))),  # before: NULL
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

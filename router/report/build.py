@@ -28,6 +28,9 @@ requests. Rows of a backend that reached no engine (rejected or timed out in the
 written before the ledger kept the replica) form the replica "(none)". With one engine per
 backend the key is absent, so such a report is the same as before the ledger kept replicas.
 
+TTFT objectives: "slo" holds each arm's and each class's attainment (router/report/slo.py
+defines it), absent when no row has an objective.
+
 Quantiles are numpy's "linear" method (Hyndman & Fan type 7, R's default) everywhere,
 inside the bootstrap too. Comparisons of each arm with the baseline arm use a 95 %
 percentile bootstrap: each arm's rows are resampled independently, with a fresh
@@ -50,6 +53,7 @@ from numpy.typing import NDArray
 from policies.admission import RejectReason
 from policies.failures import FailureKind, code
 from router.ledger.base import LedgerRow
+from router.report.slo import slo_breakdown
 
 NONE_GROUP = "(none)"
 QUANTILE_METHOD: Final = "linear"
@@ -113,6 +117,8 @@ def build_report(
     }
     if (replicas := replica_breakdown(rows)) is not None:
         report["replicas"] = replicas
+    if (slo := slo_breakdown(rows)) is not None:  # TTFT objectives: router/report/slo.py
+        report["slo"] = slo
     return report
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from router.report.charts import cost_chart, share_chart, wait_chart
+from router.report.slo_tables import CSV_HEADINGS, slo_csv, slo_html, slo_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,18 +107,25 @@ def render_csv(report: dict[str, Any]) -> str:
     """One line per group (total, arms, backends within arms) under a header row.
 
     With a replica breakdown, two more columns, replica and share, and a line per replica
-    of each backend (scope "replica", all arms: arm empty).
+    of each backend (scope "replica", all arms: arm empty). With TTFT objectives, six more
+    (class ... attainment) and a line per class of all arms and of each arm (scope "slo").
     """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     replicas = [g for g in replica_groups(report) if g[0] == "replica"]
+    slo = slo_csv(report)
     extra: tuple[str, ...] = ("", "") if replicas else ()
+    slo_extra: tuple[str, ...] = ("",) * len(CSV_HEADINGS) if slo else ()
     writer.writerow(("scope", "arm", "backend", *CSV_KEYS, *(("replica", "share") if replicas
-                                                             else ())))
+                                                             else ()),
+                     *(CSV_HEADINGS if slo else ())))
     for scope, arm, backend, figures in groups(report):
-        writer.writerow((scope, arm, backend, *_csv_figures(figures), *extra))
+        writer.writerow((scope, arm, backend, *_csv_figures(figures), *extra, *slo_extra))
     for scope, backend, replica, figures in replicas:
-        writer.writerow((scope, "", backend, *_csv_figures(figures), replica, figures["share"]))
+        writer.writerow((scope, "", backend, *_csv_figures(figures), replica, figures["share"],
+                         *slo_extra))
+    for scope, arm, values in slo:
+        writer.writerow((scope, arm, "", *[""] * len(CSV_KEYS), *extra, *values))
     return buffer.getvalue()
 
 
@@ -133,7 +141,8 @@ def render_text(report: dict[str, Any]) -> str:
         for scope, arm, backend, figures in groups(report):
             label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
             lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
-    lines += _text_replicas(report) + _text_comparisons(report) + _text_timeseries(report)
+    lines += _text_replicas(report) + slo_text(report) + _text_comparisons(report)
+    lines += _text_timeseries(report)
     return "\n".join(lines) + "\n"
 
 
@@ -261,6 +270,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts += [f"<h2>{escape(name)}</h2>", _html_groups(report, columns)]
     if replicas:
         parts += [f"<h2>{escape(REPLICAS_TITLE)}</h2>", _html_replicas(replicas)]
+    if slo := slo_html(report):
+        parts.append(slo)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

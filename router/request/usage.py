@@ -53,7 +53,8 @@ def ledger_row(rec: RequestRecord, config: Config,
         total_ms=float(rec.total_ms), slot_ms=float(rec.slot_ms), prompt_tokens=prompt,
         completion_tokens=completion, tokens_estimated=rec.tokens_estimated,
         cost=cost, counterfactual_cost=counterfactual, key_id=rec.key_id,
-        replica=rec.replica,
+        replica=rec.replica, priority=rec.priority, slo_ttft_ms=rec.slo_ttft_ms,
+        predicted_ttft_ms=rec.predicted_ttft_ms,
     )
 
 

@@ -6,14 +6,17 @@ Label values come from the config (backend and route names) or from closed sets
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from policies.config import Priority
 from policies.failures import FailureKind, metric_kind
 from policies.pick import PickReason
+from policies.slo import Verdict
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.tallies import Spread, Tally
 
@@ -27,6 +30,9 @@ if TYPE_CHECKING:
 # LLM latencies: from a quick first token to a two-minute answer.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 CLASSIFIER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
+# log2(actual / predicted TTFT): 0 is exact, 1 twice as late as forecast, -1 twice as soon.
+FORECAST_BUCKETS = (-3.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
+_FORECAST_FLOOR_MS = 1.0  # both sides, so that a forecast of 0 has a finite ratio
 
 class Metrics:
     def __init__(self) -> None:
@@ -77,10 +83,19 @@ class Metrics:
         self.prefix_lookups = Tally("slotgate_prefix_lookups", "A group's prompt prefixes "
                                     "looked up in its affinity table, by whether a replica "
                                     "was known to hold one", ["backend", "result"])
+        # TTFT objectives (policies.slo): each request judged once, per backend and class.
+        self.slo_attained = Tally("slotgate_slo_attained", "Requests whose first token came "
+                                  "within their class's TTFT objective", ["backend", "class"])
+        self.slo_missed = Tally("slotgate_slo_missed", "Requests whose first token came late, "
+                                "or that ended without one", ["backend", "class"])
+        self.forecast_error = Spread("slotgate_ttft_forecast_log_ratio", "log2 of a request's "
+                                     "actual TTFT over the one predicted at its admission",
+                                     ["backend", "class"], FORECAST_BUCKETS)
         self._groups: set[str] = set()  # the pools of more than one replica
         for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
                       self.auth_failures, self.replica_requests, self.replica_ttft,
-                      self.picks, self.prefix_lookups):
+                      self.picks, self.prefix_lookups, self.slo_attained, self.slo_missed,
+                      self.forecast_error):
             r.register(tally)
 
     def held(self, pool: str, seconds: float) -> None:
@@ -105,6 +120,9 @@ class Metrics:
         self.queue_wait.labels(pool.name)
         self.holding.series((pool.name,))
         self._groups.discard(pool.name)
+        for priority in Priority:
+            self.slo_attained.add((pool.name, priority.value), 0.0)
+            self.slo_missed.add((pool.name, priority.value), 0.0)
         if len(pool.seats()) > 1:
             self._groups.add(pool.name)
             for reason in PickReason:
@@ -145,6 +163,19 @@ class Metrics:
             if rec.ttft_ms is not None:
                 self.replica_ttft.observe(self.replica_ttft.series((rec.backend, rec.replica)),
                                           rec.ttft_ms / 1000)
+
+    def judged(self, rec: RequestRecord, verdict: Verdict) -> bool:
+        """Count a request's verdict on its TTFT objective (and, with a first token, how far
+        off its forecast was); returns whether it was attained. Its backend is the one that
+        served it, else its route's primary (refused at admission)."""
+        labels = (rec.backend or rec.primary or "none", rec.priority)
+        attained = verdict is Verdict.ATTAINED
+        (self.slo_attained if attained else self.slo_missed).add(labels)
+        if rec.ttft_ms is not None and rec.predicted_ttft_ms is not None:
+            ratio = (max(rec.ttft_ms, _FORECAST_FLOOR_MS)
+                     / max(rec.predicted_ttft_ms, _FORECAST_FLOOR_MS))
+            self.forecast_error.observe(self.forecast_error.series(labels), math.log2(ratio))
+        return attained
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -104,6 +105,7 @@ class Attempt:
     usage: Usage = field(default_factory=Usage)
     status: int = 0  # the backend's
     first_byte_at: float | None = None
+    on_first_byte: Callable[[float], None] | None = None  # called with first_byte_at, once
     streaming: bool = False  # bytes of the answer reached the client
 
 
@@ -181,6 +183,8 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
         if not stream:
             raw = await _read_bounded(up, attempt.max_response_bytes, upstream.name)
             attempt.first_byte_at = time.perf_counter()
+            if attempt.on_first_byte is not None:
+                attempt.on_first_byte(attempt.first_byte_at)
             _usage_from_body(raw, attempt.usage)
             done = True
             # Case-insensitive: the gateway's x-request-id replaces an engine's own.
@@ -191,6 +195,8 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
         events = EventRelay(attempt.strip_usage, attempt.usage)
         chunk = await up.readany()
         attempt.first_byte_at = time.perf_counter()
+        if attempt.on_first_byte is not None:
+            attempt.on_first_byte(attempt.first_byte_at)
         if response is None:
             response = web.StreamResponse(status=200,
                                           headers={**SSE_HEADERS, **attempt.headers})

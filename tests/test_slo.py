@@ -1,0 +1,167 @@
+"""TTFT objectives in the config: defaults, a route's override, bad values at their key
+paths (also through `slotgate config check`), the pure helpers, and a hot reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from policies.config import Priority
+from policies.slo import Verdict, objective_s, verdict
+from policies.ttft import FirstByteModel, predict_ttft_s
+from router.app import start_gateway
+from router.config import ConfigError, check_main, config_from_dict, load_config, parse_config
+from router.reload import ReloadRefused, reload_file
+from tests.support import MESSAGES, SdkClients, assert_idle, sim_backend
+
+BASE = """\
+backends:
+  big:
+    simulated: {}
+    model: m
+    slots: 2
+routes:
+  chat:
+    primary: big
+"""
+
+# Line numbers matter: each problem sits on a line of its own.
+BAD = BASE + """\
+    slo:
+      sheddable: {ttft_s: -1}
+      batch: {ttft_s: 3}
+slo:
+  critical: {ttft_s: 0}
+  standard: {}
+  sheddable: {ttft_s: soon}
+  urgent: {ttft_s: 1}
+"""
+EXPECTED = [
+    ("routes.chat.slo.sheddable.ttft_s", 10, "greater than 0"),
+    ("routes.chat.slo.batch", 11, "unknown key"),
+    ("slo.critical.ttft_s", 13, "greater than 0"),
+    ("slo.standard.ttft_s", 14, "required"),
+    ("slo.sheddable.ttft_s", 15, "valid number"),
+    ("slo.urgent", 16, "unknown key"),
+]
+
+
+def test_defaults_for_every_class() -> None:
+    config = parse_config(BASE)
+    route = config.routes["chat"]
+    assert {p: objective_s(config, route, p) for p in Priority} == {
+        Priority.CRITICAL: 2.0, Priority.STANDARD: 5.0, Priority.SHEDDABLE: 20.0}
+    assert objective_s(config, None, Priority.STANDARD) == 5.0
+
+
+def test_a_route_overrides_only_the_classes_it_names() -> None:
+    config = parse_config(BASE + "    slo: {critical: {ttft_s: 0.5}}\n"
+                          "  other: {primary: big}\n"
+                          "slo: {standard: {ttft_s: 8}}\n")
+    chat, other = config.routes["chat"], config.routes["other"]
+    assert objective_s(config, chat, Priority.CRITICAL) == 0.5  # the route's
+    assert objective_s(config, chat, Priority.STANDARD) == 8.0  # the top level's
+    assert objective_s(config, chat, Priority.SHEDDABLE) == 20.0  # the default
+    assert objective_s(config, other, Priority.CRITICAL) == 2.0
+
+
+def test_bad_values_are_reported_at_their_key_paths() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(BAD, "bad.yaml")
+    problems = caught.value.problems
+    assert sorted((p.path, p.line) for p in problems) == sorted((p, n) for p, n, _ in EXPECTED)
+    for path, _, words in EXPECTED:
+        assert any(p.path == path and words in p.message for p in problems), (path, problems)
+
+
+def test_config_check_names_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD)
+    assert check_main([str(bad)]) == 1
+    err = capsys.readouterr().err
+    for path, line, _ in EXPECTED:
+        assert f"{bad}:{line}: {path}: " in err
+    good = tmp_path / "good.yaml"
+    good.write_text(BASE + "slo: {critical: {ttft_s: 1.5}}\n")
+    assert check_main([str(good)]) == 0
+
+
+@pytest.mark.parametrize(("objective", "ttft", "elapsed", "left", "expected"), [
+    (2000.0, 1999.0, 5000.0, False, Verdict.ATTAINED),
+    (2000.0, 2000.0, 2000.0, False, Verdict.ATTAINED),  # within: at most the objective
+    (2000.0, 2000.5, 2000.5, False, Verdict.MISSED),
+    (2000.0, None, 10.0, False, Verdict.MISSED),  # rejected at once: no first token
+    (2000.0, None, 10.0, True, None),  # the client left before its objective was due
+    (2000.0, None, 2500.0, True, Verdict.MISSED),  # ... after it
+    (None, 10.0, 10.0, False, None),  # no objective: its route was never known
+])
+def test_verdict(objective: float | None, ttft: float | None, elapsed: float, left: bool,
+                 expected: Verdict | None) -> None:
+    assert verdict(objective, ttft, elapsed, left) is expected
+
+
+def test_first_byte_model_starts_from_the_engine_and_learns() -> None:
+    config = config_from_dict({"backends": {"big": sim_backend(
+        "m", 1, sim={"ttft_s": 0.3, "tokens_per_s": 50, "output_tokens": 100})},
+        "routes": {"chat": {"primary": "big"}}})
+    model = FirstByteModel.prior(config.backends["big"])
+    assert model.expect(True) == 0.3
+    assert model.expect(False) == pytest.approx(2.3)  # and 100 tokens at 50 a second
+    for _ in range(50):
+        model.observe(True, 1.0)
+    assert model.expect(True) == pytest.approx(1.0, abs=1e-3)
+    assert model.expect(False) == pytest.approx(2.3)  # whole answers learnt apart
+    model.observe(True, -1.0)  # nothing learnt from a negative span
+    assert model.expect(True) == pytest.approx(1.0, abs=1e-3)
+    real = config_from_dict({"backends": {"api": {"url": "http://127.0.0.1:9", "model": "m",
+                                                   "slots": 1, "initial_hold_s": 4}},
+                             "routes": {"chat": {"primary": "api"}}}).backends["api"]
+    assert (FirstByteModel.prior(real).expect(True), FirstByteModel.prior(real).expect(False)) \
+        == (1.0, 4.0)
+    assert predict_ttft_s(0.01, 2.0, 0.3) == pytest.approx(2.31)
+
+
+def _write(path: Path, slo: dict[str, Any] | None, route_slo: dict[str, Any] | None) -> None:
+    route: dict[str, Any] = {"primary": "big"}
+    if route_slo is not None:
+        route["slo"] = route_slo
+    raw: dict[str, Any] = {"backends": {"big": sim_backend("m", slots=2)},
+                           "routes": {"chat": route}, "logging": {"access": False}}
+    if slo is not None:
+        raw["slo"] = slo
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+
+
+async def test_a_reload_changes_the_objectives_of_new_requests(
+    sdk: SdkClients, tmp_path: Path
+) -> None:
+    path = tmp_path / "gateway.yaml"
+    _write(path, None, None)
+    gw = await start_gateway(load_config(path), "127.0.0.1", 0, config_path=str(path))
+    try:
+        client = sdk(gw)
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert gw.gateway.recent[-1].slo_ttft_ms == 5000.0
+        _write(path, {"standard": {"ttft_s": 3}}, None)
+
+        assert await reload_file(gw.gateway, path) == ["slo changed"]
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert gw.gateway.recent[-1].slo_ttft_ms == 3000.0
+        _write(path, {"standard": {"ttft_s": 3}}, {"standard": {"ttft_s": 0.75}})
+        assert await reload_file(gw.gateway, path) == ["routes changed"]
+        await client.chat.completions.create(
+            model="chat", messages=MESSAGES, extra_headers={"x-slotgate-priority": "sheddable"})
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert [(r.priority, r.slo_ttft_ms) for r in list(gw.gateway.recent)[-2:]] == [
+            ("sheddable", 20000.0), ("standard", 750.0)]
+        _write(path, {"standard": {"ttft_s": 0}}, None)  # refused: the old one kept
+        with pytest.raises(ReloadRefused, match=r"slo\.standard\.ttft_s"):
+            await reload_file(gw.gateway, path)
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert gw.gateway.recent[-1].slo_ttft_ms == 750.0
+        await assert_idle(gw)
+    finally:
+        await gw.close()
