@@ -61,7 +61,7 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         lease = await pool.try_acquire(ex.prefer(backend, parsed))
         if lease is not None:
             return lease
-        ticket = await pool.enqueue(ex.priority, ex.want)
+        ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
         if ticket is not None:
             return await wait(ex, parsed, pool, ticket, movable)
     raise ex.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
@@ -75,7 +75,7 @@ async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     lease = await pool.try_acquire(ex.prefer(group, parsed))
     if lease is not None:
         return lease
-    ticket = await pool.enqueue(ex.priority, ex.want)
+    ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
     if ticket is None:
         raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), backend)
     return await wait(ex, parsed, pool, ticket, None)
