@@ -146,7 +146,7 @@ def test_the_rates_hint_wins_over_the_simulated_engine_and_fills_in_from_it() ->
     assert (given.ttft_s, given.tokens_per_s) == (0.2, 50)
     assert given.lengths is not None and given.lengths.remaining(0, None) == pytest.approx(
         100, rel=0.02)
-    bare = hints(BackendConfig(url="http://e:1/v1", model="m", slots=1))
+    bare = hints(BackendConfig.model_validate({"url": "http://e:1/v1", "model": "m", "slots": 1}))
     assert bare == Hints()
 
 
