@@ -4,8 +4,10 @@ produced. Pure: the caller owns the clock and passes elapsed times in; no I/O.
 Each running answer frees its slot after its expected remainder (`AnswerModel`: given
 its tokens so far and its max_tokens; given its age alone where its progress is not seen
 here). The k-th slot to free serves place k, which then holds it for its own expected
-answer (its max_tokens), and so on: a small event simulation, exact for bursts. Where
-the answer model cannot tell (no rates yet), holding times (`HoldTimeModel`) stand in.
+answer (its max_tokens), and so on: a small event simulation, exact for bursts. Until
+the engine's rates are known (a hint, or a first measured stream), the holding-time
+forecast (`policies.eta`) stands in for the whole line; where the answer model cannot
+tell one duration (no length to run to), the holding times stand in for it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from policies.answers import AnswerModel
+from policies.eta import predict_waits
 from policies.holds import HoldTimeModel
 
 EXACT_PLACES = 512  # places simulated one by one; later ones follow at the pool's rate
@@ -89,6 +92,16 @@ class Durations:
             hold = self.holds.distribution().mean_s if got is None else got
             self._fresh[max_tokens] = hold
         return hold
+
+
+def line_starts(answers: AnswerModel, holds: HoldTimeModel, running: Sequence[Running],
+                capacity: int, waiting: Sequence[int | None], places: int) -> list[float]:
+    """Seconds until places 1..`places` get a slot: `start_times` once the engine's rates
+    are known, else the holding-time forecast from the running answers' ages."""
+    if not answers.known:
+        return predict_waits(holds, [max(0.0, run.elapsed_s) for run in running],
+                             max(1, capacity), places)
+    return start_times(Durations(answers, holds), running, capacity, waiting, places)
 
 
 def start_times(durations: Durations, running: Sequence[Running], capacity: int,

@@ -10,7 +10,15 @@ import pytest
 
 from policies.answers import AnswerModel, Hints, hints
 from policies.config import BackendConfig, RatesHint, SimulatedSpec
-from policies.forecast import Durations, Progress, Running, seen_here, start_times
+from policies.eta import predict_waits
+from policies.forecast import (
+    Durations,
+    Progress,
+    Running,
+    line_starts,
+    seen_here,
+    start_times,
+)
 from policies.holds import HoldTimeModel
 from policies.lengths import Survival, kaplan_meier, uniform
 from policies.slots import LocalSlotPool
@@ -150,10 +158,15 @@ def test_the_rates_hint_wins_over_the_simulated_engine_and_fills_in_from_it() ->
     assert bare == Hints()
 
 
-def test_a_cold_gateway_without_hints_falls_back_on_the_configured_hold() -> None:
-    durations = Durations(AnswerModel(), HoldTimeModel(10.0))
-    got = start_times(durations, [Running(0.0, 0, 80)] * 3, 3, [80] * 4, 4)
-    assert got == pytest.approx([10.0, 10.0, 10.0, 20.0])
+def test_a_cold_gateway_without_hints_keeps_the_holding_time_forecast() -> None:
+    holds, running = HoldTimeModel(10.0), [Running(2.0, 40, 80)] * 3
+    got = line_starts(AnswerModel(), holds, running, 3, [80] * 4, 4)
+    assert got == predict_waits(holds, [2.0] * 3, 3, 4)  # ages alone, initial_hold_s
+    # once a rate is known, the answers' progress
+    hinted = line_starts(AnswerModel(Hints(TTFT, RATE)), holds, running, 3, [80] * 4, 4)
+    assert hinted == pytest.approx([40 / RATE] * 3 + [40 / RATE + full(80)])
+    # without a length or a cap, one answer's duration comes from the holding times
+    assert to_cap().fresh(None) == pytest.approx(10.0)
 
 
 def test_measured_rates_replace_the_hint_then_move_slowly() -> None:

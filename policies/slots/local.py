@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from policies.answers import AnswerModel
 from policies.config import Priority
-from policies.forecast import Durations, Progress, start_times
+from policies.forecast import Progress, line_starts
 from policies.holds import HoldTimeModel
 from policies.slots.base import (
     FORECAST_TTL_S,
@@ -202,8 +202,8 @@ class LocalSlotPool:
             running = [lease.progress.running(now - granted)
                        for lease, granted in self._leases.items()]
             waiting = [t.max_tokens for line in self._lines for t in line.tickets]
-            waits = start_times(Durations(self.answers, self.estimator), running,
-                                self.capacity, waiting, 2 * max(position, self.queued))
+            waits = line_starts(self.answers, self.estimator, running, self.capacity,
+                                waiting, 2 * max(position, self.queued))
             self._forecasts.update(enumerate(waits, 1))
             cached = waits[position - 1]
         return cached

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from policies.answers import AnswerModel
 from policies.breaker import BreakerState
 from policies.config import Priority
-from policies.forecast import Durations, seen_here, start_times
+from policies.forecast import line_starts, seen_here
 from policies.holds import HoldTimeModel
 from policies.slots.base import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueShed, Seats
 from policies.slots.coordinator import RETRIES, RedisCoordinator
@@ -100,8 +100,8 @@ class RedisSlotPool:
             for t in self._tickets.values():
                 if 0 < t.position <= len(waiting):
                     waiting[t.position - 1] = t.max_tokens
-            waits = start_times(Durations(self.answers, self.estimator), running,
-                                self.capacity, waiting, max(position, self.queued))
+            waits = line_starts(self.answers, self.estimator, running, self.capacity,
+                                waiting, max(position, self.queued))
             self._forecasts.update(enumerate(waits, 1))
             cached = waits[position - 1]
         return cached
