@@ -53,11 +53,12 @@ class Progress:
         return Running(elapsed_s, tokens, self.max_tokens)
 
 
-def seen_here(ages_s: Sequence[float], mine: Sequence[tuple[float, Progress]]
-              ) -> list[Running]:
+def seen_here(ages_s: Sequence[float], mine: Sequence[tuple[float, Progress]],
+              held: int = 0) -> list[Running]:
     """A shared pool's running answers: those held in this process (age, progress) with
     their progress, each in place of the age nearest its own among all the leases' ages
-    (as the store last said); every other one by its age alone."""
+    (as the store last said); every other one by its age alone; and, up to `held` (the
+    store's latest count), leases of unknown age, taken as just begun."""
     others = sorted(ages_s)
     running: list[Running] = []
     for age, progress in mine:
@@ -66,6 +67,7 @@ def seen_here(ages_s: Sequence[float], mine: Sequence[tuple[float, Progress]]
             del others[nearest]
         running.append(progress.running(age))
     running += [Running(age) for age in others]
+    running += [Running(0.0)] * (held - len(running))
     return running
 
 

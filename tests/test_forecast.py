@@ -243,6 +243,9 @@ def test_a_shared_pool_sees_its_own_leases_progress_and_others_ages() -> None:
     assert got == [Running(2.0, 70, 80), Running(0.5), Running(4.0)]
     lagging = seen_here([], [(0.1, mine)])  # granted since the store's last word
     assert lagging == [Running(0.1, 70, 80)]
+    # the store counts three holders, their ages not heard yet: taken as just begun
+    assert seen_here([], [(0.1, mine)], held=3) == [Running(0.1, 70, 80), Running(0.0),
+                                                    Running(0.0)]
 
 
 async def test_the_local_pool_forecasts_from_its_leases_and_tickets() -> None:

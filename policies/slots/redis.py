@@ -95,7 +95,8 @@ class RedisSlotPool:
         if cached is None:  # one run for the line; others' leases by their age alone
             now = self.clock()
             ages = [a + now - self._ages_at for a in self._ages]
-            running = seen_here(ages, [(now - m.granted_at, m.progress) for m in self.mine])
+            running = seen_here(ages, [(now - m.granted_at, m.progress) for m in self.mine],
+                                self.active)
             waiting: list[int | None] = [None] * self.queued
             for t in self._tickets.values():
                 if 0 < t.position <= len(waiting):
