@@ -78,9 +78,8 @@ class Row:
 
     def describe(self) -> str:
         if self.state is State.QUEUED:
-            where = f" at position {self.positions[-1]}" if self.positions else ""
-            eta = f", eta {self.etas[-1]:.1f}s" if self.etas else ""
-            return f"queued{where} on {self.backend}{eta}"
+            return (f"queued at position {self.positions[-1]} on {self.backend}, eta "
+                    f"{self.etas[-1]:.1f}s" if self.positions else f"queued on {self.backend}")
         if self.state is State.RUNNING:
             return f"running on {self.backend}" + _why(self.reason)
         if self.state is State.DONE:
@@ -229,8 +228,7 @@ def table_lines(demo: DemoResult, now: float, color: bool = False) -> list[str]:
     lines = [f"{'request':<{width}}  kind    {'state':<48} {'eta':>7} {'wait':>7} "
              f"{'TTFT':>7} {'tokens':>6} {'elapsed':>7}"]
     for row in demo.rows:
-        state = f"{row.describe():<48}"
-        told = row.etas[0] if row.etas else None  # what it heard when it queued
+        state, told = f"{row.describe():<48}", row.etas[0] if row.etas else None
         if color and row.state.value in _COLORS:
             state = f"\x1b[{_COLORS[row.state.value]}m{state}\x1b[0m"
         end = row.ended_at if row.ended_at is not None else now
@@ -255,14 +253,13 @@ def summary_lines(demo: DemoResult) -> list[str]:
         lines.append("most running at once: " + ", ".join(
             f"{backend} {n}" for backend, n in demo.peak.most_common()))
     waits = [row.queue_wait_ms for row in queued if row.queue_wait_ms is not None]
+    off = sorted(abs(row.etas[0] - row.queue_wait_ms / 1000) for row in queued
+                 if row.etas and row.queue_wait_ms is not None)  # the ETA told on queueing
     if waits:
         lines.append(f"queue wait of the {len(waits)} that queued: mean "
-                     f"{sum(waits) / len(waits) / 1000:.2f} s, max {max(waits) / 1000:.2f} s")
-    told = sorted(abs(row.etas[0] - row.queue_wait_ms / 1000) for row in queued
-                  if row.etas and row.queue_wait_ms is not None)
-    if told:
-        lines.append(f"the ETA each was told on queueing was off by {told[len(told) // 2]:.2f} s "
-                     f"at the median, {told[-1]:.2f} s at most")
+                     f"{sum(waits) / len(waits) / 1000:.2f} s, max {max(waits) / 1000:.2f} s"
+                     + (f"; their first ETA was off by {off[len(off) // 2]:.2f} s at the "
+                        f"median, {off[-1]:.2f} s at most" if off else ""))
     return [*lines, explain(demo)]
 
 
