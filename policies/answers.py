@@ -80,8 +80,9 @@ class AnswerModel:
         return self.ttft_s is not None and self.tokens_per_s is not None
 
     def survival(self) -> Survival:
-        """The lengths answers run to: measured, or hinted, or none (run to the cap)."""
-        if len(self.lengths) >= MIN_LENGTHS:
+        """The lengths answers run to: measured (the first few already, without a hint),
+        or hinted, or none (run to the cap)."""
+        if len(self.lengths) >= MIN_LENGTHS or (self._hints.lengths is None and self.lengths):
             return self.lengths.survival()
         return self._hints.lengths or Survival((), ())
 

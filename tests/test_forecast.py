@@ -169,6 +169,16 @@ def test_a_cold_gateway_without_hints_keeps_the_holding_time_forecast() -> None:
     assert to_cap().fresh(None) == pytest.approx(10.0)
 
 
+def test_without_a_length_hint_the_first_answers_measured_count() -> None:
+    model = AnswerModel(Hints(TTFT, RATE))
+    assert model.fresh_s(256) == pytest.approx(full(256))  # nothing known: to the cap
+    model.observe(100, 256)
+    assert model.fresh_s(256) == pytest.approx(full(100))
+    hinted = AnswerModel(Hints(TTFT, RATE, uniform(50, 0.0)))
+    hinted.observe(100, 256)  # with a hint, one answer is not enough to replace it
+    assert hinted.fresh_s(256) == pytest.approx(full(50))
+
+
 def test_measured_rates_replace_the_hint_then_move_slowly() -> None:
     model = AnswerModel(Hints(1.0, 10.0))
     model.observe(61, 100, ttft_s=0.5, held_s=2.5)  # 60 tokens in 2 s after the first
