@@ -1,8 +1,10 @@
-"""Per-position queue ETAs and the Retry-After they imply.
+"""Holding-time queue ETAs, the naive wait and the Retry-After a forecast implies.
 
 Pure: the caller owns the clock and passes hold times and lease ages in; no I/O.
 `predict_wait` combines a pool's `HoldTimeModel` (policies.holds: how long a slot is held)
 with the ages of the running leases to say when the ticket at a queue position gets a slot.
+The pools forecast from the answers' progress (`policies.forecast`); this one stands in
+until a backend's rates are known, and bench/eta_scenarios.py compares the two.
 """
 
 from __future__ import annotations

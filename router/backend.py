@@ -13,6 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from policies.answers import AnswerModel, hints
 from policies.config import BackendConfig, CoordinationConfig, EndpointConfig
 from policies.pick import PickMode
 from policies.prefix import AffinityTable
@@ -52,6 +53,7 @@ class Backend:
     reporter: QueueReporter  # positions and ETAs for the streams in its queue
     slot_time: SlotTimeModel  # how long its answers hold a slot, by length
     first_byte: FirstByteModel  # how soon after a slot its first byte comes (TTFT forecast)
+    answers: AnswerModel  # its answers' rates and lengths: the queue forecast
     offers: MoveOffers | None = None  # set when a steering route may move requests onto it
     affinity: AffinityTable | None = None  # prompt prefix -> replica, when affinity picks
     cursor: int = field(default=0)  # round robin's next turn
@@ -83,6 +85,7 @@ class Backend:
             old.upstream = Upstream(self.name, config, _base_url(endpoint, old.simulator), http,
                                     key_env=endpoint.api_key_env, replica=name)
         self.config, self.grouped = config, len(self.replicas) > 1
+        self.answers.configure(hints(config))
         self.pool.resize(config.slots, config.queue_limit,
                          {name: e.slots for name, e in wanted.items()})
         tune(self.pool, config)
@@ -114,9 +117,11 @@ async def open_backend(name: str, config: BackendConfig, coordination: Coordinat
     for endpoint in config.replicas(name):
         assert endpoint.name is not None  # named by `replicas`
         replicas[endpoint.name] = await _open_replica(name, config, endpoint)
-    pool = make_pool(name, config, coordination, coordinator)
+    answers = AnswerModel(hints(config))
+    pool = make_pool(name, config, coordination, coordinator, answers)
     backend = Backend(name, config, replicas, pool, QueueReporter(pool),
                       SlotTimeModel(config.initial_hold_s), FirstByteModel.prior(config),
+                      answers,
                       affinity=_affinity(config, None))
     backend.scraper = backend.start_scraper()
     return backend

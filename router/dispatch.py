@@ -24,6 +24,7 @@ from policies.admission import RejectReason
 from policies.breaker import Blame
 from policies.config import RouteConfig
 from policies.failures import FailureKind
+from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
 from router.exchange import Exchange
 from router.gateway import GATEWAY
@@ -41,7 +42,7 @@ from router.placement import placed, unplaced
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.request import objective
 from router.request.access_log import log_refused
-from router.request.accounting import settle
+from router.request.accounting import learn, settle
 from router.request.usage import CLIENT_CLOSED, count_tokens
 from router.sse import start_frame
 from router.upstream.failures import UpstreamFailure
@@ -251,6 +252,7 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         ex.gw.metrics.held(lease.pool, held_s)
         if work:
             unplaced(backend, lease, work)
+        learn(backend.answers, ex.rec, parsed.max_tokens)  # before the waiters' forecasts
         await lease.release()
 
 
@@ -293,6 +295,8 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
         on_first_byte=lambda at: objective.first_token(rec, backend, ex.gw.metrics, at))
+    # The forecast reads the relay's event count (a stream's); nothing more per event.
+    lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
     try:
         response = await forward(attempt)
         rec.phase = Phase.DONE

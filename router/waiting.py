@@ -66,7 +66,7 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         if lease is not None:
             objective.predict(rec, backend, 0.0)
             return lease
-        ticket = await pool.enqueue(ex.priority, ex.want)
+        ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
         if ticket is not None:
             objective.predict(rec, backend, ticket.eta_s())
             return await wait(ex, parsed, pool, ticket, movable)
@@ -82,7 +82,7 @@ async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     if lease is not None:
         objective.predict(ex.rec, group, 0.0)
         return lease
-    ticket = await pool.enqueue(ex.priority, ex.want)
+    ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
     if ticket is None:
         raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), backend)
     objective.predict(ex.rec, group, ticket.eta_s())

@@ -189,9 +189,24 @@ def test_yaml_syntax_error_has_line(text: str, line: int, words: str) -> None:
             6,
             "'tools', 'vision' or 'json_schema'",
         ),
+        (
+            "backends:\n  a:\n    simulated: {}\n    model: m\n    slots: 1\n"
+            "    rates: {ttft_s: 0.5, tokens_per_s: 0}\nroutes: {a: {primary: a}}\n",
+            "backends.a.rates.tokens_per_s",
+            6,
+            "greater than 0",
+        ),
+        (
+            "backends:\n  a:\n    simulated: {}\n    model: m\n    slots: 1\n"
+            "    rates: {output_tokens: 100, tokens: 3}\nroutes: {a: {primary: a}}\n",
+            "backends.a.rates.tokens",
+            6,
+            "unknown key",
+        ),
     ],
     ids=["empty", "list-root", "missing-section", "bad-url", "url-credentials",
-         "nested-unknown-key", "not-a-list", "unknown-capability"],
+         "nested-unknown-key", "not-a-list", "unknown-capability", "rates-zero-speed",
+         "rates-unknown-key"],
 )
 def test_single_problem(text: str, path: str, line: int | None, words: str) -> None:
     with pytest.raises(ConfigError) as caught:

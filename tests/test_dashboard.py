@@ -122,7 +122,10 @@ async def test_events_follow_the_pool_and_unsubscribe_on_disconnect(start: Start
 
 
 async def test_bursts_are_coalesced_and_full_pools_show_an_eta(start: StartGateway) -> None:
-    gw = await start(gateway_config(sim_backend("big-70b", slots=2, queue_limit=4)))
+    # A held engine that would answer at once: its nominal first-token time (a hint) gives
+    # the forecast something to show.
+    gw = await start(gateway_config(sim_backend("big-70b", slots=2, queue_limit=4,
+                                                rates={"ttft_s": 1.0})))
     sim = engine(gw)
     sim.hold()
     async with aiohttp.ClientSession() as http:

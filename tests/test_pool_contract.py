@@ -11,10 +11,13 @@ tickets, tasks and `next_change()`, each within a bound.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 
+from policies.answers import AnswerModel, Hints
 from policies.config import Priority
+from policies.forecast import Progress
 from policies.slots import SlotPool
 from policies.slots.redis import RedisSlotPool
 from tests.support.pools import (
@@ -226,4 +229,30 @@ async def test_higher_classes_are_served_first_fifo_within_one(pool_factory: Poo
         task = await next_granted(pending)
         assert tasks[task] is expected
         await (await task).release()
+    await idle(pool_factory, a, b)
+
+
+@dataclass
+class Relayed:
+    seen_events: int = 0  # a stream's relay counter, as router.sse.Usage holds it
+
+
+async def test_the_forecast_sees_progress_held_here_and_others_ages(
+        pool_factory: PoolFactory) -> None:
+    answers = AnswerModel(Hints(0.0, 100.0))  # 100 tokens/s; an answer runs to its cap
+    a, b = await pool_factory(capacity=2, queue_limit=4, replicas=2, answers=answers)
+    far, near = await acquired(a), await acquired(b)
+    far.follow(Progress(100, Relayed(0)))  # a second to go
+    near.follow(Progress(100, Relayed(95)))  # 0.05 s to go, seen by b's process only
+    ticket = await a.enqueue(max_tokens=50)
+    assert ticket is not None
+    if pool_factory.kind == "local":  # one process: both answers' progress
+        assert ticket.eta_s() == pytest.approx(0.05, abs=0.03)
+    else:  # a knows b's lease by its age alone (holding times: ~1 s), b its own progress
+        assert ticket.eta_s() == pytest.approx(0.99, abs=0.05)
+        assert b.forecast(1) == pytest.approx(0.05, abs=0.03)
+    await near.release()
+    granted = await ticket.wait(BOUND_S)
+    await granted.release()
+    await far.release()
     await idle(pool_factory, a, b)

@@ -52,7 +52,10 @@ async def occupy(sdk: SdkClients, gw: RunningGateway) -> asyncio.Task[Any]:
 async def test_named_events_count_down_then_start_then_chunks(
     sdk: SdkClients, start: StartGateway
 ) -> None:
-    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=5)))
+    # The engine answers at once but is held; its nominal first-token time (a hint) makes
+    # the forecast of each place in line a second or more.
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=5,
+                                                rates={"ttft_s": 1.0})))
     holder = await occupy(sdk, gw)
     async with aiohttp.ClientSession() as http:
         streams = []

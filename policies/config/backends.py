@@ -37,6 +37,15 @@ class SimulatedSpec(StrictModel):
     cache_block_tokens: int = Field(default=16, ge=1, le=65_536)  # tokens per cached block
 
 
+class RatesHint(StrictModel):
+    """An engine's nominal speed, for the queue forecast before any answer is measured
+    (each measured figure then replaces its hint)."""
+
+    ttft_s: float | None = Field(default=None, ge=0, le=600)  # to the first token
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1_000_000)  # per stream
+    output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)  # a typical answer
+
+
 NonNegativeMoney = Annotated[float, Field(ge=0, le=1_000_000)]
 
 
@@ -142,6 +151,7 @@ class BackendConfig(StrictModel):
     first_byte_timeout_s: PositiveSeconds = 60.0
     idle_timeout_s: PositiveSeconds = 60.0
     initial_hold_s: PositiveSeconds = 10.0  # slot holding time assumed before any is measured
+    rates: RatesHint | None = None  # the engine's nominal speed, until answers are measured
     breaker_failures: int = Field(default=5, ge=1, le=1000)  # consecutive, to stop using it
     breaker_open_s: PositiveSeconds = 30.0  # then one probe request per period
     # A non-streaming request whose client left: close the upstream connection and free the

@@ -4,7 +4,8 @@
     local        `LocalSlotPool`: one process, one event loop
     redis        `RedisSlotPool`: shared by every process through Redis (`lua`: its scripts,
                  `coordinator`: the one client and wake-up subscription per process,
-                 `seating`: its group of engine replicas as this process sees it)
+                 `seating`: its group of engine replicas as this process sees it,
+                 `shared`: the leases and tickets it hands out)
     failover     what a shared pool does while Redis is away
     handover     move offers: waiters of one pool that would take a slot on another
 

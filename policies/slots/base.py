@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from policies.config import Priority
+from policies.forecast import Progress
 
 SHEDDABLE = Priority.SHEDDABLE.rank
 
@@ -99,6 +100,9 @@ class Lease(Protocol):
 
     def lost(self) -> asyncio.Future[None] | None: ...  # resolved if the slot was taken away
 
+    # Its answer's cap and relay counter, read by the pool's forecast (this process only).
+    def follow(self, progress: Progress) -> None: ...
+
     async def release(self) -> None: ...
 
 
@@ -141,8 +145,10 @@ class SlotPool(Protocol):
 
     # A ticket, or None when the queue is full (and holds no one to displace). `want`: the
     # replica of the group it would rather run on (a hint a pool may use, or not).
+    # `max_tokens`: its request's cap, for the forecast of the places behind it.
     async def enqueue(self, priority: Priority = Priority.STANDARD,
-                      want: str | None = None) -> Ticket | None: ...
+                      want: str | None = None,
+                      max_tokens: int | None = None) -> Ticket | None: ...
 
     def seats(self) -> tuple[Seats, ...]: ...  # each replica's slots, held and health
 

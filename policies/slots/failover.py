@@ -50,6 +50,7 @@ class FailoverTicket:
         self._pool = pool
         self._ticket: Ticket = ticket  # a LocalTicket after a move
         self._priority = priority
+        self._max_tokens = ticket.max_tokens
 
     @property
     def position(self) -> int:
@@ -63,7 +64,7 @@ class FailoverTicket:
         except CoordinationError:
             pass
         # Redis went away while we waited: on to the local line, in the same class
-        self._ticket = await self._pool.local_ticket(self._priority)
+        self._ticket = await self._pool.local_ticket(self._priority, self._max_tokens)
         left = deadline - time.monotonic()
         if left <= 0:
             await self._ticket.withdraw()
@@ -167,15 +168,16 @@ class FailoverPool:
             return self._local().acquire_nowait(prefer)
 
     async def enqueue(self, priority: Priority = Priority.STANDARD,
-                      want: str | None = None) -> Ticket | None:
+                      want: str | None = None,
+                      max_tokens: int | None = None) -> Ticket | None:
         try:
-            ticket = await self.shared.enqueue(priority)
+            ticket = await self.shared.enqueue(priority, max_tokens=max_tokens)
         except CoordinationError:
-            return self._local().enqueue_nowait(priority)
+            return self._local().enqueue_nowait(priority, max_tokens=max_tokens)
         return None if ticket is None else FailoverTicket(self, ticket, priority)
 
-    async def local_ticket(self, priority: Priority) -> Ticket:
-        ticket = self._local().enqueue_nowait(priority)
+    async def local_ticket(self, priority: Priority, max_tokens: int | None = None) -> Ticket:
+        ticket = self._local().enqueue_nowait(priority, max_tokens=max_tokens)
         if ticket is None:
             raise PoolUnavailable(self.name, self.retry_after_s())
         return ticket

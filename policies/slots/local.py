@@ -14,8 +14,9 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from policies.answers import AnswerModel
 from policies.config import Priority
-from policies.eta import predict_waits
+from policies.forecast import Progress, line_starts
 from policies.holds import HoldTimeModel
 from policies.slots.base import (
     FORECAST_TTL_S,
@@ -30,13 +31,15 @@ from policies.slots.line import Line
 
 
 class LocalLease:
-    __slots__ = ("_granted_at", "_pool", "released", "replica")
+    __slots__ = ("_granted_at", "_pool", "progress", "released", "replica")
 
-    def __init__(self, pool: LocalSlotPool, granted_at: float, replica: str) -> None:
+    def __init__(self, pool: LocalSlotPool, granted_at: float, replica: str,
+                 max_tokens: int | None = None) -> None:
         self._pool = pool
         self._granted_at = granted_at
         self.replica = replica
         self.released = False
+        self.progress = Progress(max_tokens)  # what the forecast reads of its answer
 
     @property
     def pool(self) -> str:
@@ -49,6 +52,10 @@ class LocalLease:
     def lost(self) -> None:
         return None  # a local slot cannot be taken away
 
+    def follow(self, progress: Progress) -> None:
+        self.progress = progress
+        self._pool._forecasts.clear()  # the remainder it implies differs from a guess
+
     async def release(self) -> None:
         self.release_now()
 
@@ -59,11 +66,11 @@ class LocalLease:
 
 
 class LocalTicket:
-    __slots__ = ("_claimed", "_future", "_pool", "bypassed", "enqueued_at", "rank", "seq",
-                 "want")
+    __slots__ = ("_claimed", "_future", "_pool", "bypassed", "enqueued_at", "max_tokens",
+                 "rank", "seq", "want")
 
     def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease],
-                 rank: int, want: str | None = None) -> None:
+                 rank: int, want: str | None = None, max_tokens: int | None = None) -> None:
         self._pool = pool
         self._future = future
         self._claimed = False
@@ -72,6 +79,7 @@ class LocalTicket:
         self.enqueued_at = pool.clock()
         self.want = want  # the replica it would rather run on (its prompt's prefix is there)
         self.bypassed = 0  # waiters behind it served first (the look-ahead)
+        self.max_tokens = max_tokens  # its request's cap: how long it will hold its slot
 
     @property
     def position(self) -> int:
@@ -141,6 +149,7 @@ class LocalSlotPool:
         estimator: HoldTimeModel,
         clock: Clock = time.monotonic,
         replicas: Mapping[str, int] | None = None,
+        answers: AnswerModel | None = None,
     ) -> None:
         self.name = name
         # A slot freed on a replica may go to one of the first `look_ahead` waiters of the
@@ -150,7 +159,8 @@ class LocalSlotPool:
         self._seats = {r: _Seat(n) for r, n in (replicas or {name: capacity}).items()}
         self.capacity = self._healthy_slots()
         self.queue_limit = queue_limit
-        self.estimator = estimator
+        self.estimator = estimator  # holding times: the forecast's fallback, and the mean
+        self.answers = answers or AnswerModel()  # the backend's answers: the forecast
         self.clock = clock
         self.active = 0
         # One FIFO line per priority class, served in class order.
@@ -187,11 +197,13 @@ class LocalSlotPool:
             self._forecasts.clear()
             self._forecast_at = now
         cached = self._forecasts.get(position)
-        if cached is None:  # one solve for every place in line: each waiter asks for its own
-            # and for as many places again: newcomers at the back find theirs solved
-            ages = [now - granted for granted in self._leases.values()]
-            waits = predict_waits(self.estimator, ages, self.capacity,
-                                  2 * max(position, self.queued))
+        if cached is None:  # one run for every place in line: each waiter asks for its own
+            # and for as many places again: newcomers at the back find theirs made
+            running = [lease.progress.running(now - granted)
+                       for lease, granted in self._leases.items()]
+            waiting = [t.max_tokens for line in self._lines for t in line.tickets]
+            waits = line_starts(self.answers, self.estimator, running, self.capacity,
+                                waiting, 2 * max(position, self.queued))
             self._forecasts.update(enumerate(waits, 1))
             cached = waits[position - 1]
         return cached
@@ -260,11 +272,13 @@ class LocalSlotPool:
         return lease
 
     async def enqueue(self, priority: Priority = Priority.STANDARD,
-                      want: str | None = None) -> LocalTicket | None:
-        return self.enqueue_nowait(priority, want)
+                      want: str | None = None,
+                      max_tokens: int | None = None) -> LocalTicket | None:
+        return self.enqueue_nowait(priority, want, max_tokens)
 
     def enqueue_nowait(self, priority: Priority = Priority.STANDARD,
-                       want: str | None = None) -> LocalTicket | None:
+                       want: str | None = None,
+                       max_tokens: int | None = None) -> LocalTicket | None:
         rank = priority.rank
         if self.queued >= self.queue_limit:
             victims = self._lines[SHEDDABLE]
@@ -273,7 +287,8 @@ class LocalSlotPool:
             victim = victims.pop_tail()  # the newest of the lowest class
             if not victim._future.done():
                 victim._future.set_exception(QueueShed())
-        ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank, want)
+        ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank, want,
+                             max_tokens)
         self._lines[rank].append(ticket)
         # Places move only if it lined up ahead of someone (a lower class waits).
         ahead = any(self._lines[lower] for lower in range(rank + 1, len(self._lines)))
@@ -315,7 +330,7 @@ class LocalSlotPool:
                     return
                 ticket = self._look_ahead(line, replica) if self.look_ahead else line.pop_head()
                 if not ticket._future.done():  # skip tickets cancelled but not yet gone
-                    ticket._future.set_result(self._take(replica, now))
+                    ticket._future.set_result(self._take(replica, now, ticket.max_tokens))
 
     def _look_ahead(self, line: Line[LocalTicket], replica: str) -> LocalTicket:
         """The first of the line's first `look_ahead` waiters that wants `replica`, unless a
@@ -336,10 +351,10 @@ class LocalSlotPool:
             ahead.append(ticket)
         return line.pop_head()
 
-    def _take(self, replica: str, now: float) -> LocalLease:
+    def _take(self, replica: str, now: float, max_tokens: int | None = None) -> LocalLease:
         self._seats[replica].active += 1
         self.active += 1
-        lease = LocalLease(self, now, replica)
+        lease = LocalLease(self, now, replica, max_tokens)
         self._leases[lease] = now
         return lease
 

@@ -12,7 +12,8 @@ within the TTL.
 Every Redis call has a short timeout and goes through one circuit breaker per process.
 Failures surface as `CoordinationError`; `policies.slots.failover` decides what a request
 then gets. A call that timed out may still have happened: a release or withdrawal is
-retried by id in the background, and POLL reports a grant whose reply was lost."""
+retried by id in the background, and POLL reports a grant whose reply was lost. The
+leases and tickets it hands out are in `policies.slots.shared`."""
 
 from __future__ import annotations
 
@@ -24,123 +25,20 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from policies.answers import AnswerModel
 from policies.breaker import BreakerState
 from policies.config import Priority
-from policies.eta import predict_waits
+from policies.forecast import line_starts, seen_here
 from policies.holds import HoldTimeModel
-from policies.slots.base import (
-    FORECAST_TTL_S,
-    CoordinationError,
-    PoolSnapshot,
-    QueueShed,
-    QueueTimeout,
-    Seats,
-)
+from policies.slots.base import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueShed, Seats
 from policies.slots.coordinator import RETRIES, RedisCoordinator
 from policies.slots.lua import KEY_NAMES, SHED, WAKING_KINDS
 from policies.slots.seating import GroupView, from_message, from_reply
+from policies.slots.shared import RedisLease, RedisTicket
+
+__all__ = ["RedisLease", "RedisSlotPool", "RedisTicket"]
 
 log = logging.getLogger("slotgate.redis")
-
-
-class RedisLease:
-    """A slot held in Redis, renewed every TTL/3 until released."""
-
-    def __init__(self, pool: RedisSlotPool, lease_id: str, token: int, replica: str) -> None:
-        self._pool = pool
-        self.id = lease_id
-        self.token = token  # fencing: larger than every token granted before it
-        self.replica = replica  # the engine replica it runs on
-        self.granted_at = pool.clock()
-        self.released = False
-        self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._renewer = asyncio.create_task(self._renew(), name=f"renew-{lease_id}")
-
-    @property
-    def pool(self) -> str:
-        return self._pool.name
-
-    @property
-    def held_s(self) -> float:
-        return self._pool.clock() - self.granted_at
-
-    def lost(self) -> asyncio.Future[None]:
-        """Resolved if Redis no longer counts this lease (it expired and its slot was taken)."""
-        return self._lost
-
-    async def release(self) -> None:
-        if self.released:
-            return
-        self.released = True
-        self._renewer.cancel()
-        self._pool.estimator.observe(self.held_s)
-        await self._pool.release_id(self.id)
-
-    async def _renew(self) -> None:
-        pool = self._pool
-        every = period = pool.lease_ttl_s / 3
-        while True:
-            await asyncio.sleep(period)  # the renewal period itself
-            try:
-                state = await pool.coordinator.call(
-                    "renew", pool.keys, [self.id, pool.ttl_ms,
-                                         pool.group.slots.get(self.replica, 0), pool.channel,
-                                         self.replica])
-            except CoordinationError:
-                # Redis is away; the engine still runs this. Try again soon, so that the
-                # lease is back in Redis shortly after Redis is.
-                period = min(every, pool.recheck_s)
-                continue
-            period = every
-            if state == 0:
-                log.warning("lease %s on %s was lost (expired and its slot taken)",
-                            self.id, pool.name)
-                self._lost.set_result(None)
-                return
-
-
-class RedisTicket:
-    """A place in the shared line; granted by the pool's POLL calls."""
-
-    def __init__(self, pool: RedisSlotPool, ticket_id: str, position: int) -> None:
-        self._pool = pool
-        self.id = ticket_id
-        self.position = position
-        self.enqueued_at = pool.clock()
-        self.left = False
-        self.future: asyncio.Future[RedisLease] = asyncio.get_running_loop().create_future()
-
-    async def wait(self, timeout_s: float) -> RedisLease:
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await asyncio.shield(self.future)
-        except TimeoutError:
-            granted = _granted(self.future)
-            if granted is not None:
-                return granted  # granted at the very instant the deadline passed
-            await self.withdraw()
-            raise QueueTimeout from None
-        except asyncio.CancelledError:
-            self._pool.coordinator.in_background(self.withdraw)  # the client is gone
-            raise
-
-    async def withdraw(self) -> None:
-        """Leave the line; a slot granted meanwhile (known or not yet) goes back."""
-        if self.left:
-            return
-        self.left = True
-        self.position = 0
-        self._pool.forget(self)
-        granted = _granted(self.future)
-        if granted is not None:
-            await granted.release()
-            return
-        if not self.future.done():
-            self.future.cancel()
-        await self._pool.withdraw_id(self.id)
-
-    def eta_s(self) -> float:
-        return self._pool.forecast(self.position) if self.position > 0 else 0.0
 
 
 class RedisSlotPool:
@@ -150,12 +48,15 @@ class RedisSlotPool:
     def __init__(self, name: str, capacity: int, queue_limit: int, estimator: HoldTimeModel,
                  coordinator: RedisCoordinator, lease_ttl_s: float, recheck_s: float,
                  clock: Callable[[], float] = time.monotonic,
-                 replicas: Mapping[str, int] | None = None) -> None:
+                 replicas: Mapping[str, int] | None = None,
+                 answers: AnswerModel | None = None) -> None:
         self.name = name
         self.group = GroupView(replicas or {name: capacity})
         self.capacity = self.group.capacity
         self.queue_limit = queue_limit
         self.estimator = estimator
+        self.answers = answers or AnswerModel()
+        self.mine: set[RedisLease] = set()  # leases held by this process: progress seen
         self.coordinator = coordinator
         self.lease_ttl_s = lease_ttl_s
         self.ttl_ms = int(lease_ttl_s * 1000)
@@ -191,11 +92,17 @@ class RedisSlotPool:
             self._forecasts.clear()
             self._forecast_at = self.clock()
         cached = self._forecasts.get(position)
-        if cached is None:
-            age = self.clock() - self._ages_at
-            ages = [a + age for a in self._ages]
-            waits = predict_waits(self.estimator, ages, self.capacity,
-                                  max(position, self.queued))  # one solve for the line
+        if cached is None:  # one run for the line; others' leases by their age alone
+            now = self.clock()
+            ages = [a + now - self._ages_at for a in self._ages]
+            running = seen_here(ages, [(now - m.granted_at, m.progress) for m in self.mine],
+                                self.active)
+            waiting: list[int | None] = [None] * self.queued
+            for t in self._tickets.values():
+                if 0 < t.position <= len(waiting):
+                    waiting[t.position - 1] = t.max_tokens
+            waits = line_starts(self.answers, self.estimator, running, self.capacity,
+                                waiting, max(position, self.queued))
             self._forecasts.update(enumerate(waits, 1))
             cached = waits[position - 1]
         return cached
@@ -243,7 +150,8 @@ class RedisSlotPool:
         return RedisLease(self, lease_id, token, replica.decode()) if token else None
 
     async def enqueue(self, priority: Priority = Priority.STANDARD,
-                      want: str | None = None) -> RedisTicket | None:
+                      want: str | None = None,
+                      max_tokens: int | None = None) -> RedisTicket | None:
         ticket_id = _new_id()
         try:
             position, *counts = await self.coordinator.call(
@@ -255,7 +163,7 @@ class RedisSlotPool:
         self._state(*counts)
         if not position:
             return None
-        ticket = RedisTicket(self, ticket_id, position)
+        ticket = RedisTicket(self, ticket_id, position, max_tokens)
         self._tickets[ticket_id] = ticket
         self.wake()  # a slot may have freed between the admission and the enqueue
         return ticket
@@ -308,7 +216,7 @@ class RedisSlotPool:
         for i, ticket in enumerate(tickets):
             status, value, replica = reply[7 + 3 * i: 10 + 3 * i]
             if status == 1:
-                lease = RedisLease(self, ticket.id, value, replica.decode())
+                lease = RedisLease(self, ticket.id, value, replica.decode(), ticket.max_tokens)
                 self._tickets.pop(ticket.id, None)
                 ticket.position = 0  # out of the line, as a local ticket says
                 if ticket.future.done():  # it left meanwhile: give the slot back
@@ -392,9 +300,3 @@ class RedisSlotPool:
 
 def _new_id() -> str:
     return os.urandom(9).hex()
-
-
-def _granted(future: asyncio.Future[RedisLease]) -> RedisLease | None:
-    if future.done() and not future.cancelled() and future.exception() is None:
-        return future.result()
-    return None

@@ -1,5 +1,6 @@
 """What a finished request leaves behind: its metrics, its place among the recent
-requests, what it taught the slot-time model, its key's quota settled and its ledger row.
+requests, what it taught the slot-time and answer models, its key's quota settled and its
+ledger row.
 """
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from policies.answers import AnswerModel
 from policies.failures import FailureKind
 from policies.pricing import SlotTimeModel
+from router.record import Phase
 from router.request.usage import ledger_row
 
 if TYPE_CHECKING:
@@ -40,6 +43,23 @@ class Books(Protocol):
     def ledger(self) -> Ledger | None: ...
     @property
     def backends(self) -> Mapping[str, HasSlotTime]: ...
+
+
+def learn(answers: AnswerModel, rec: RequestRecord, max_tokens: int | None) -> None:
+    """What an answer just ended on its slot teaches its backend's answer model: its
+    length (cut short: at least that), and for a stream its first-token time and rate."""
+    if rec.completion_tokens is None or rec.slot_at is None:
+        return  # no answer began
+    if rec.phase is Phase.DONE:
+        cut = False
+    elif rec.phase is Phase.STREAMING:
+        cut = True  # its client left, or the engine dropped it: it ran at least this long
+    else:
+        return
+    ttft_s = None
+    if rec.stream and rec.ttft_ms is not None:
+        ttft_s = rec.ttft_ms / 1000 - (rec.slot_at - rec.started_at)
+    answers.observe(rec.completion_tokens, max_tokens, cut, ttft_s, rec.slot_ms / 1000)
 
 
 def settle(books: Books, rec: RequestRecord, callers_known: bool,

@@ -67,6 +67,7 @@ class Row:
     reason: str | None = None  # the route reason: primary | fallback:overflow | fallback:simple:...
     queued: bool = False
     positions: list[int] = field(default_factory=list)  # every queue position announced
+    etas: list[float] = field(default_factory=list)  # the eta_s of each announcement
     queue_wait_ms: float | None = None
     ttft_s: float | None = None
     tokens: int = 0  # content chunks received
@@ -77,8 +78,8 @@ class Row:
 
     def describe(self) -> str:
         if self.state is State.QUEUED:
-            where = f" at position {self.positions[-1]}" if self.positions else ""
-            return f"queued{where} on {self.backend}"
+            return (f"queued at position {self.positions[-1]} on {self.backend}, eta "
+                    f"{self.etas[-1]:.1f}s" if self.positions else f"queued on {self.backend}")
         if self.state is State.RUNNING:
             return f"running on {self.backend}" + _why(self.reason)
         if self.state is State.DONE:
@@ -179,9 +180,12 @@ async def _follow(session: aiohttp.ClientSession, url: str, demo: DemoResult, ro
 
 def _on_line(demo: DemoResult, row: Row, line: bytes, now: float) -> None:
     if line.startswith(b": queue "):
-        position = int(_fields(line).get("position", "0"))
-        if position > 0 and (not row.positions or row.positions[-1] != position):
+        fields = _fields(line)
+        position, eta = int(fields.get("position", "0")), float(fields.get("eta_s", "0"))
+        if position > 0 and (not row.positions or row.positions[-1] != position
+                             or row.etas[-1] != eta):
             row.positions.append(position)
+            row.etas.append(eta)
             demo.changed(row)
     elif line.startswith(b": slot granted "):
         fields = _fields(line)
@@ -221,17 +225,18 @@ def _error_code(body: bytes) -> str:
 
 def table_lines(demo: DemoResult, now: float, color: bool = False) -> list[str]:
     width = max([7, *(len(row.request_id) for row in demo.rows)])
-    lines = [f"{'request':<{width}}  kind    {'state':<38} {'wait':>7} {'TTFT':>7} "
-             f"{'tokens':>6} {'elapsed':>7}"]
+    lines = [f"{'request':<{width}}  kind    {'state':<48} {'eta':>7} {'wait':>7} "
+             f"{'TTFT':>7} {'tokens':>6} {'elapsed':>7}"]
     for row in demo.rows:
-        state = f"{row.describe():<38}"
+        state, told = f"{row.describe():<48}", row.etas[0] if row.etas else None
         if color and row.state.value in _COLORS:
             state = f"\x1b[{_COLORS[row.state.value]}m{state}\x1b[0m"
         end = row.ended_at if row.ended_at is not None else now
         wait = row.queue_wait_ms / 1000 if row.queue_wait_ms is not None else (
             now - row.sent_at if row.state is State.QUEUED else None)
-        lines.append(f"{row.request_id:<{width}}  {row.kind:<6}  {state} {_secs(wait):>7} "
-                     f"{_secs(row.ttft_s):>7} {row.tokens:>6} {_secs(end - row.sent_at):>7}")
+        lines.append(f"{row.request_id:<{width}}  {row.kind:<6}  {state} {_secs(told):>7} "
+                     f"{_secs(wait):>7} {_secs(row.ttft_s):>7} {row.tokens:>6} "
+                     f"{_secs(end - row.sent_at):>7}")
     return lines
 
 
@@ -248,9 +253,13 @@ def summary_lines(demo: DemoResult) -> list[str]:
         lines.append("most running at once: " + ", ".join(
             f"{backend} {n}" for backend, n in demo.peak.most_common()))
     waits = [row.queue_wait_ms for row in queued if row.queue_wait_ms is not None]
+    off = sorted(abs(row.etas[0] - row.queue_wait_ms / 1000) for row in queued
+                 if row.etas and row.queue_wait_ms is not None)  # the ETA told on queueing
     if waits:
         lines.append(f"queue wait of the {len(waits)} that queued: mean "
-                     f"{sum(waits) / len(waits) / 1000:.2f} s, max {max(waits) / 1000:.2f} s")
+                     f"{sum(waits) / len(waits) / 1000:.2f} s, max {max(waits) / 1000:.2f} s"
+                     + (f"; their first ETA was off by {off[len(off) // 2]:.2f} s at the "
+                        f"median, {off[-1]:.2f} s at most" if off else ""))
     return [*lines, explain(demo)]
 
 

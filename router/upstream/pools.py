@@ -9,6 +9,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from policies.answers import AnswerModel, hints
 from policies.breaker import CircuitBreaker
 from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
 from policies.holds import HoldTimeModel
@@ -63,22 +64,28 @@ def tune(pool: SlotPool, backend: BackendConfig) -> None:
 
 
 def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
-              coordinator: RedisCoordinator | None) -> SlotPool:
+              coordinator: RedisCoordinator | None,
+              answers: AnswerModel | None = None) -> SlotPool:
+    """`answers`: the backend's answer model, which its pools' forecasts read (a new
+    one from the config's hints by default)."""
+    answers = answers or AnswerModel(hints(backend))
     estimator = HoldTimeModel(backend.initial_hold_s)
     replicas = {e.name or name: e.slots for e in backend.replicas(name)}
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
         pool = LocalSlotPool(name, backend.slots, backend.queue_limit, estimator,
-                             replicas=replicas)
+                             replicas=replicas, answers=answers)
         tune(pool, backend)
         return pool
     from policies.slots.failover import FailoverPool, local_share, local_shares
     from policies.slots.redis import RedisSlotPool
 
     shared = RedisSlotPool(name, backend.slots, backend.queue_limit, estimator, coordinator,
-                           config.lease_ttl_s, config.recheck_s, replicas=replicas)
+                           config.lease_ttl_s, config.recheck_s, replicas=replicas,
+                           answers=answers)
     local = None
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
                               backend.queue_limit, HoldTimeModel(backend.initial_hold_s),
-                              replicas=local_shares(replicas, config.expected_replicas))
+                              replicas=local_shares(replicas, config.expected_replicas),
+                              answers=answers)
     return FailoverPool(shared, local, config.expected_replicas)

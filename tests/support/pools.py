@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
+from policies.answers import AnswerModel
 from policies.breaker import CircuitBreaker
 from policies.config import Priority
 from policies.holds import HoldTimeModel
@@ -35,14 +36,16 @@ class PoolFactory:
 
     async def __call__(self, capacity: int, queue_limit: int, replicas: int = 1,
                        recheck_s: float = 1.0,
-                       group: Mapping[str, int] | None = None) -> list[SlotPool]:
+                       group: Mapping[str, int] | None = None,
+                       answers: AnswerModel | None = None) -> list[SlotPool]:
         """`replicas` views of one pool (gateway processes); `group`: its engine replicas'
-        slots (a group of one of `capacity` by default)."""
+        slots (a group of one of `capacity` by default); `answers`: the backend's answer
+        model, which the forecasts read."""
         self._made += 1
         name = f"pool{self._made}"
         if self.redis_url is None:
             local = LocalSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
-                                  replicas=group)
+                                  replicas=group, answers=answers)
             self._check_bounds(local)
             return [local] * replicas
         pools: list[SlotPool] = []
@@ -53,7 +56,7 @@ class PoolFactory:
             self.coordinators.append(coordinator)
             pool = RedisSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
                                  coordinator, lease_ttl_s=15, recheck_s=recheck_s,
-                                 replicas=group)
+                                 replicas=group, answers=answers)
             await self._start(coordinator, pool)
             self._check_bounds(pool)
             pools.append(pool)

@@ -1,0 +1,129 @@
+"""How long one backend's answers take: time to the first token, tokens per second per
+stream, and how many tokens answers run to. Learned from finished answers; until then
+from the config's hints (`rates`, or a simulated engine's own parameters). Pure, no I/O.
+
+`AnswerModel.remaining_s` says what is left of a running answer given what it has
+produced; `fresh_s` how long a new one holds its slot. Either is None when the model
+cannot tell (no rates known yet, or no length to run to): the caller then falls back
+on holding times (`policies.holds`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.config import BackendConfig, SimulatedSpec
+from policies.lengths import LengthWindow, Survival, uniform
+
+ALPHA = 0.2  # weight of a new measurement of the rates (the first replaces the hint)
+MIN_LENGTHS = 8  # answers measured before their lengths replace the hinted ones
+HINT_SPREAD = 0.5  # a hinted `output_tokens` stands for lengths within +/- half of it
+NO_DELAY_RATE = 1e6  # tokens/s of a simulated engine without decode delay
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """What the config says of an engine before anything is measured."""
+
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    lengths: Survival | None = None  # None: an answer runs to its max_tokens
+
+
+def hints(config: BackendConfig) -> Hints:
+    """The backend's `rates` hint, each figure it leaves out taken from its (first)
+    simulated engine's parameters when it has one."""
+    spec = _simulated(config)
+    rates = config.rates
+    ttft = rates.ttft_s if rates is not None and rates.ttft_s is not None else None
+    tps = rates.tokens_per_s if rates is not None and rates.tokens_per_s is not None else None
+    lengths = (uniform(rates.output_tokens, HINT_SPREAD)
+               if rates is not None and rates.output_tokens is not None else None)
+    if spec is not None:
+        ttft = spec.ttft_s if ttft is None else ttft
+        if tps is None:
+            tps = spec.tokens_per_s or NO_DELAY_RATE
+        if lengths is None:
+            lengths = uniform(spec.output_tokens, spec.output_tokens_spread)
+    return Hints(ttft, tps, lengths)
+
+
+def _simulated(config: BackendConfig) -> SimulatedSpec | None:
+    if config.simulated is not None:
+        return config.simulated
+    for endpoint in config.endpoints or ():
+        if endpoint.simulated is not None:
+            return endpoint.simulated
+    return None
+
+
+class AnswerModel:
+    """One backend's answers, learned online (shared by its pools)."""
+
+    __slots__ = ("_hints", "lengths", "rate_samples", "tokens_per_s", "ttft_s")
+
+    def __init__(self, given: Hints | None = None) -> None:
+        self._hints = given or Hints()
+        self.ttft_s = self._hints.ttft_s
+        self.tokens_per_s = self._hints.tokens_per_s
+        self.rate_samples = 0
+        self.lengths = LengthWindow()
+
+    def configure(self, given: Hints) -> None:
+        """New hints (a reload): they stand until measurements replace them."""
+        self._hints = given
+        if not self.rate_samples:
+            self.ttft_s, self.tokens_per_s = given.ttft_s, given.tokens_per_s
+
+    @property
+    def known(self) -> bool:
+        return self.ttft_s is not None and self.tokens_per_s is not None
+
+    def survival(self) -> Survival:
+        """The lengths answers run to: measured (the first few already, without a hint),
+        or hinted, or none (run to the cap)."""
+        if len(self.lengths) >= MIN_LENGTHS or (self._hints.lengths is None and self.lengths):
+            return self.lengths.survival()
+        return self._hints.lengths or Survival((), ())
+
+    def observe(self, tokens: int, max_tokens: int | None, cut: bool = False,
+                ttft_s: float | None = None, held_s: float | None = None) -> None:
+        """A finished answer of `tokens` tokens (`cut`: stopped by its client); with a
+        stream's first-token time and slot hold, its rates too."""
+        if tokens < 0:
+            return
+        capped = cut or (max_tokens is not None and tokens >= max_tokens)
+        self.lengths.add(tokens, capped)
+        if ttft_s is None or held_s is None or not 0 <= ttft_s < held_s or tokens < 2:
+            return
+        rate = (tokens - 1) / (held_s - ttft_s)
+        if self.rate_samples == 0 or self.ttft_s is None or self.tokens_per_s is None:
+            self.ttft_s, self.tokens_per_s = ttft_s, rate
+        else:
+            self.ttft_s += ALPHA * (ttft_s - self.ttft_s)
+            self.tokens_per_s += ALPHA * (rate - self.tokens_per_s)
+        self.rate_samples += 1
+
+    def fresh_s(self, max_tokens: int | None) -> float | None:
+        """Expected slot hold of an answer not yet begun."""
+        return self.remaining_s(0.0, 0, max_tokens)
+
+    def remaining_s(self, elapsed_s: float, tokens: int | None,
+                    max_tokens: int | None) -> float | None:
+        """Expected seconds left of an answer running for `elapsed_s` that has streamed
+        `tokens` (None: not counted, e.g. not streamed: what it would have produced by
+        now is inferred from the rates). Conditioned on the tokens produced, capped by
+        `max_tokens`."""
+        ttft, rate = self.ttft_s, self.tokens_per_s
+        if ttft is None or rate is None or rate <= 0:
+            return None
+        if tokens is None:
+            produced = 0.0 if elapsed_s < ttft else 1.0 + (elapsed_s - ttft) * rate
+        else:
+            produced = float(tokens)
+        left = self.survival().remaining(produced, max_tokens)
+        if left is None:
+            return None
+        if produced <= 0:  # still before its first token
+            return max(0.0, ttft - elapsed_s) + max(0.0, left - 1.0) / rate
+        return left / rate
