@@ -32,6 +32,7 @@ class RejectReason(enum.StrEnum):
     UNAVAILABLE = "coordination_unavailable"  # the shared pool's Redis is away (fail_closed)
     DRAINING = "draining"  # the gateway is shutting down: retry, another replica answers
     BODY_BYTES = "inflight_body_bytes"  # the process holds its bound of request bodies
+    OBJECTIVE = "objective_shed"  # sheddable, and no option meets its TTFT objective
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,14 @@ from policies.brevity import lean_simple
 from policies.config import FallbackWhen, RouteConfig
 from policies.fallback import Candidate, Move, RequestFacts, Stay
 from policies.fallback import decide as steer_by_intent
+from policies.objective import Choice, OptionKind, choose, qualifies
 from policies.slots import Lease, PoolSnapshot, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers
 from router.exchange import Exchange
 from router.openai_api import ParsedRequest
 from router.record import Phase
 from router.request import objective
+from router.request.options import options
 from router.request.waits import Interrupt, abandon
 from router.upstream.health import BackendOpened
 from router.upstream.proxy import ClientGone
@@ -51,7 +53,15 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         if isinstance(decision, Reject):
             raise ex.rejection(decision.reason, decision.advised_retry_s, primary.name)
         target, reason, movable = decision.pool, decision.reason.value, None
-        if target == primary.name and _may_steer(route, decision):
+        if (route.fallback.when is FallbackWhen.OBJECTIVE and isinstance(decision, Wait)
+                and target == primary.name):  # (a full line overflows as configured)
+            choice = aim(ex, parsed, route)
+            if choice.backend is None:
+                assert choice.retry_after_s is not None
+                raise ex.rejection(RejectReason.OBJECTIVE, choice.retry_after_s,
+                                   primary.name)
+            target, reason = choice.backend, choice.reason
+        elif target == primary.name and _may_steer(route, decision):
             step = steer(ex, parsed, route)
             if isinstance(step, Move):
                 target, reason = step.pool, step.reason
@@ -97,8 +107,8 @@ def _may_steer(route: RouteConfig, decision: Decision) -> bool:
     )
 
 
-def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Stay:
-    """Classify once, then ask the fallback policy whether to leave the primary."""
+def classify(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> RequestFacts:
+    """The request's intent and how likely it is simple (classified once)."""
     gw, rec = ex.gw, ex.rec
     if ex.facts is None:
         assert gw.classifier is not None, "steering routes load the classifier at startup"
@@ -114,14 +124,33 @@ def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Sta
             ex.prompt_tokens(parsed), parsed.max_tokens, ex.needs(parsed).capabilities,
         )
         rec.intent, rec.p_simple = ex.facts.intent, round(ex.facts.p_simple, 4)
-    backends = ex.config.backends
+    return ex.facts
+
+
+def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Stay:
+    """Classify once, then ask the fallback policy whether to leave the primary."""
+    facts, gw, backends = classify(ex, parsed, route), ex.gw, ex.config.backends
     candidates = [
         Candidate(gw.backends[name].pool.snapshot(), backends[name].context_window,
                   frozenset(backends[name].capabilities))
         for name in route.fallbacks
     ]
-    return steer_by_intent(ex.facts, gw.backends[route.primary].pool.snapshot(), candidates,
+    return steer_by_intent(facts, gw.backends[route.primary].pool.snapshot(), candidates,
                            route.fallback)
+
+
+def aim(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Choice:
+    """An objective-driven route's choice for a request that would wait for its primary:
+    the options forecast, the request classified only if the small model is among them."""
+    found = options(ex, parsed, route)
+    downgrade = False
+    if any(o.kind is OptionKind.SMALL and o.lack is None for o in found):
+        facts = classify(ex, parsed, route)
+        downgrade = qualifies(facts.intent, facts.p_simple, route.fallback)
+    server = ex.config.server
+    objective_s = None if ex.rec.slo_ttft_ms is None else ex.rec.slo_ttft_ms / 1000
+    return choose(found, ex.priority, objective_s, downgrade, server.retry_after_min_s,
+                  server.retry_after_max_s)
 
 
 async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket,

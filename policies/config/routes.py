@@ -34,6 +34,9 @@ class FallbackWhen(enum.StrEnum):
     SATURATED = "saturated"  # only when they would otherwise wait for the primary
     ALWAYS = "always"  # every simple request, whatever the load
     NEVER = "never"  # only overflow (primary queue full) uses the fallbacks
+    # while the primary has no free slot: the cheapest of waiting, the small model or an
+    # overflow backend that meets the class's TTFT objective (`policies.objective`)
+    OBJECTIVE = "objective"
 
 
 class RouteFallbackConfig(StrictModel):

@@ -13,6 +13,9 @@ _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {
     RejectReason.SHED: (
         429, "rate_limit_error", "A higher-priority request took this request's place in the "
         "full queue; retry later."),
+    RejectReason.OBJECTIVE: (
+        429, "rate_limit_error", "This model cannot start a sheddable request within its "
+        "time-to-first-token objective now; retry after the time given."),
     RejectReason.QUEUE_TIMEOUT: (
         503, "server_error", "Timed out waiting in the queue for a free slot; retry later."),
     RejectReason.DRAINING: (

@@ -1,0 +1,64 @@
+"""The places a request on an objective-driven route (`fallback.when: objective`) could go,
+each with its predicted time to first token and cost, for `policies.objective.choose`.
+
+A fallback serving the primary's own `model` is an overflow (no downgrade); any other is
+the small model. Each option's TTFT is the time the request has already spent, plus its
+wait for a slot there (none when one is free and nobody waits; the pool's forecast for
+the place behind its line; never, when its line has no room), plus the backend's
+expected time from a slot to the first byte. Its cost is the request priced there: the
+prompt and the expected answer per token, or the slot time that answer takes on a
+GPU-time price.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from policies.capabilities import lack
+from policies.objective import Option, OptionKind
+from policies.pricing import request_cost
+
+if TYPE_CHECKING:
+    from policies.config import RouteConfig
+    from router.backend import Backend
+    from router.exchange import Exchange
+    from router.openai_api import ParsedRequest
+
+# An answer's expected length when the request sets no max_tokens: what the cost of an
+# option assumes (a cap lower than this counts instead).
+EXPECTED_OUTPUT_TOKENS = 256
+
+
+def options(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> list[Option]:
+    """The primary's option, then each fallback's, in the route's order."""
+    backends, configs = ex.gw.backends, ex.config.backends
+    needs = ex.needs(parsed)
+    model = configs[route.primary].model
+    found = [_option(ex, parsed, backends[route.primary], OptionKind.PRIMARY, None)]
+    for name in route.fallbacks:
+        config = configs[name]
+        kind = (OptionKind.OVERFLOW if model is not None and config.model == model
+                else OptionKind.SMALL)
+        found.append(_option(ex, parsed, backends[name], kind, lack(needs, config.ability)))
+    return found
+
+
+def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionKind,
+            lacking: object) -> Option:
+    pool = backend.pool
+    snap = pool.snapshot()
+    if snap.free > 0 and snap.queued == 0:
+        wait_s = 0.0
+    elif snap.room_for(ex.priority) > 0:
+        wait_s = pool.forecast(snap.queued + 1)
+    else:
+        wait_s = math.inf
+    spent_s = time.perf_counter() - ex.rec.started_at
+    ttft_s = spent_s + wait_s + backend.first_byte.expect(parsed.stream)
+    output = min(parsed.max_tokens or EXPECTED_OUTPUT_TOKENS, EXPECTED_OUTPUT_TOKENS)
+    config = backend.config
+    cost = request_cost(config.price, max(config.slots, 1), ex.prompt_tokens(parsed), output,
+                        backend.slot_time.predict(output))
+    return Option(kind, backend.name, ttft_s, cost, lacking)  # type: ignore[arg-type]
