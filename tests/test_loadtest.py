@@ -7,6 +7,8 @@ arrival scheduled before the end is sent. Nothing here sleeps or measures speed.
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import itertools
 import math
 import random
@@ -23,7 +25,15 @@ from aiohttp import web
 from policies.config import SimulatedSpec
 from router.config import config_from_dict, load_config
 from router.tools.loadtest import capacity, default_route, loadtest_main, mean_output_tokens
-from router.tools.workload import LoadPlan, Outcome, Stats, arrival_times, load_prompts, run_load
+from router.tools.workload import (
+    Caller,
+    LoadPlan,
+    Outcome,
+    Stats,
+    arrival_times,
+    load_prompts,
+    run_load,
+)
 from router.upstream.simulated.app import create_sim_app
 from router.upstream.simulated.engine import SimEngine
 from tests.support import StartGateway, assert_idle, engine, gateway_config, serve_app, sim_backend
@@ -192,6 +202,25 @@ async def test_users_streams_and_max_tokens_reach_the_engine(
     assert len(streams) / len(bodies) == pytest.approx(0.3, abs=0.15)
     assert all(body["max_tokens"] == 5 for body in bodies)
     assert all(body["messages"][0]["content"] in PROMPTS for body in bodies)
+    await assert_idle(gw)
+
+
+async def test_callers_send_their_keys_and_classes_in_their_shares(start: StartGateway) -> None:
+    """Each request comes from one caller, drawn by share: its key (the key's class) and
+    the class it asks for."""
+    raw = gateway_config(sim_backend("big-70b", slots=4, queue_limit=100))
+    raw["auth"] = {"enabled": True, "keys": [
+        {"id": "pager", "tenant": "ops", "priority": "critical",
+         "sha256": hashlib.sha256(b"sk-pager").hexdigest()},
+        {"id": "app", "tenant": "web", "sha256": hashlib.sha256(b"sk-app").hexdigest()}]}
+    gw = await start(raw)
+    callers = (Caller(1, "sk-pager"), Caller(2, "sk-app"), Caller(1, "sk-app", "sheddable"))
+    plan = LoadPlan("chat", rate=60, seconds=2, prompts=PROMPTS, seed=5, callers=callers)
+    stats = await run_load(gw.url, plan)
+    assert settled(stats) == stats[Outcome.OK] == stats.sent > 60
+    seen = collections.Counter((r.key_id, r.priority) for r in gw.gateway.recent)
+    assert set(seen) == {("pager", "critical"), ("app", "standard"), ("app", "sheddable")}
+    assert seen[("app", "standard")] / stats.sent == pytest.approx(0.5, abs=0.2)
     await assert_idle(gw)
 
 

@@ -22,6 +22,25 @@ _JSON = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True)
+class Caller:
+    """A share of the requests sent as one kind of caller: with this API key (none: no
+    Authorization header) and asking for this class (`x-slotgate-priority`; none: the
+    key's own)."""
+
+    share: float
+    key: str | None = None
+    priority: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        headers = dict(_JSON)
+        if self.key is not None:
+            headers["Authorization"] = f"Bearer {self.key}"
+        if self.priority is not None:
+            headers["x-slotgate-priority"] = self.priority
+        return headers
+
+
+@dataclass(frozen=True)
 class LoadPlan:
     model: str  # the route to ask for
     rate: float  # requests per second, on average
@@ -34,6 +53,7 @@ class LoadPlan:
     max_in_flight: int = 2000  # arrivals beyond this are skipped, not sent
     drain_s: float = 120.0  # how long in-flight requests may take after the last arrival
     tick_s: float = 0.25  # how often `progress` is called
+    callers: tuple[Caller, ...] = ()  # who sends them (none: one anonymous caller)
 
 
 class Outcome(enum.StrEnum):
@@ -135,13 +155,14 @@ async def run_load(url: str, plan: LoadPlan, progress: Callable[[Stats], None] |
                 if offset >= plan.seconds or not await _wait_until(start + offset, stop):
                     break
                 body = request_body(plan, content)
+                headers = _caller(plan.callers, content)
                 if stats.in_flight >= plan.max_in_flight:
                     stats.skipped += 1
                     continue
                 stats.sent, stats.in_flight = stats.sent + 1, stats.in_flight + 1
                 stats.streams += body["stream"]
                 stats.users.add(body["user"])
-                task = asyncio.create_task(_send(session, endpoint, body))
+                task = asyncio.create_task(_send(session, endpoint, body, headers))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 task.add_done_callback(stats.finished)
@@ -195,13 +216,25 @@ async def _drain(tasks: set[asyncio.Task[Any]], timeout_s: float, abort: asyncio
         await asyncio.gather(everything, aborted, return_exceptions=True)
 
 
-async def _send(session: aiohttp.ClientSession, endpoint: str, body: dict[str, Any]
-                ) -> tuple[Outcome, str, float]:
+def _caller(callers: Sequence[Caller], rng: random.Random) -> dict[str, str]:
+    """The headers of the next request's caller, drawn by share."""
+    if not callers:
+        return _JSON
+    point = rng.random() * sum(c.share for c in callers)
+    for caller in callers:
+        point -= caller.share
+        if point < 0:
+            return caller.headers()
+    return callers[-1].headers()
+
+
+async def _send(session: aiohttp.ClientSession, endpoint: str, body: dict[str, Any],
+                headers: dict[str, str] = _JSON) -> tuple[Outcome, str, float]:
     """One request, read to its end: (outcome, detail, latency in seconds)."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     try:
-        async with session.post(endpoint, data=orjson.dumps(body), headers=_JSON) as resp:
+        async with session.post(endpoint, data=orjson.dumps(body), headers=headers) as resp:
             if resp.status != 200:
                 await resp.read()
                 outcome = _BY_STATUS.get(resp.status, Outcome.ERROR)
