@@ -3,9 +3,11 @@ stream, and how many tokens answers run to. Learned from finished answers; until
 from the config's hints (`rates`, or a simulated engine's own parameters). Pure, no I/O.
 
 `AnswerModel.remaining_s` says what is left of a running answer given what it has
-produced; `fresh_s` how long a new one holds its slot. Either is None when the model
+produced; `fresh_s` how long a new one holds its slot; `first_byte_s` how soon after its
+slot a new one's first byte comes (the TTFT prediction, `policies.ttft`);
+`expected_tokens` how long it runs (the cost of an option). Each is None when the model
 cannot tell (no rates known yet, or no length to run to): the caller then falls back
-on holding times (`policies.holds`).
+on holding times (`policies.holds`) or a prior of its own.
 """
 
 from __future__ import annotations
@@ -103,6 +105,20 @@ class AnswerModel:
             self.ttft_s += ALPHA * (ttft_s - self.ttft_s)
             self.tokens_per_s += ALPHA * (rate - self.tokens_per_s)
         self.rate_samples += 1
+
+    def expected_tokens(self, max_tokens: int | None) -> float | None:
+        """The expected length of an answer not yet begun, capped by `max_tokens`; None
+        when no length is measured or hinted (the cap alone is not a length)."""
+        lengths = self.survival()
+        if not lengths.points:
+            return None
+        return lengths.remaining(0.0, max_tokens)
+
+    def first_byte_s(self, stream: bool, max_tokens: int | None) -> float | None:
+        """Expected seconds from a slot to a new answer's first byte: for a stream its
+        first token; for a whole answer, which comes all at once, the first token and the
+        decode of its expected length (`fresh_s`)."""
+        return self.ttft_s if stream else self.fresh_s(max_tokens)
 
     def fresh_s(self, max_tokens: int | None) -> float | None:
         """Expected slot hold of an answer not yet begun."""
