@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from policies.answers import AnswerModel, hints
-from policies.config import Priority
+from policies.config import BackendConfig, Priority
+from policies.lengths import WINDOW
 from policies.slo import Verdict, objective_s, verdict
 from policies.ttft import first_byte_s, predict_ttft_s
 from router.app import start_gateway
@@ -110,10 +111,15 @@ RATES = {"ttft_s": 1.0, "tokens_per_s": 10, "output_tokens": 21}  # ~21: 10.5 to
 REAL = {"url": "http://127.0.0.1:9", "model": "m", "slots": 1, "initial_hold_s": 4}
 
 
+def config_of(backend: dict[str, Any]) -> BackendConfig:
+    config = config_from_dict({"backends": {"b": backend}, "routes": {"chat": {"primary": "b"}}})
+    return config.backends["b"]
+
+
 def cold(backend: dict[str, Any]) -> tuple[AnswerModel, float]:
     """A backend's answer model as the gateway starts it, and its pool's mean hold then."""
-    config = config_from_dict({"backends": {"b": backend}, "routes": {"chat": {"primary": "b"}}})
-    return AnswerModel(hints(config.backends["b"])), config.backends["b"].initial_hold_s
+    config = config_of(backend)
+    return AnswerModel(hints(config)), config.initial_hold_s
 
 
 @pytest.mark.parametrize(("backend", "stream", "max_tokens", "expected"), [
@@ -185,6 +191,28 @@ def measured(tokens: int, answers: int) -> AnswerModel:
 def test_an_options_expected_output(model: AnswerModel, max_tokens: int | None,
                                     expected: int) -> None:
     assert expected_output(model, max_tokens) == expected
+
+
+def test_the_expected_length_is_rebuilt_once_a_share_of_the_window_is_new() -> None:
+    """Each prediction asks for it: a full window's is kept until 1/32 of it (8 of 256
+    answers) is new, a short window's is rebuilt at every answer."""
+    model = measured(40, 3)
+    assert model.expected_tokens(None) == 40
+    model.observe(100, None)
+    assert model.expected_tokens(None) == 55  # short: at once
+    model = measured(40, WINDOW)
+    assert model.expected_tokens(None) == 40
+    for _ in range(7):
+        model.observe(100, None)
+    assert model.expected_tokens(None) == 40  # 7 new of 256: remembered
+    # a cap not asked before: from the window as it is
+    assert model.expected_tokens(1000) == pytest.approx((249 * 40 + 7 * 100) / 256)
+    model.observe(100, None)  # the 8th
+    assert model.expected_tokens(None) == pytest.approx((248 * 40 + 8 * 100) / 256)
+    hinted, _ = cold(sim_backend("m", 1, sim=ENGINE))
+    assert hinted.expected_tokens(None) == 101
+    hinted.configure(hints(config_of({**REAL, "rates": RATES})))  # a reload's new hint
+    assert hinted.expected_tokens(None) == pytest.approx(21.3, abs=0.1)
 
 
 def _write(path: Path, slo: dict[str, Any] | None, route_slo: dict[str, Any] | None) -> None:
