@@ -3,9 +3,11 @@ stream, and how many tokens answers run to. Learned from finished answers; until
 from the config's hints (`rates`, or a simulated engine's own parameters). Pure, no I/O.
 
 `AnswerModel.remaining_s` says what is left of a running answer given what it has
-produced; `fresh_s` how long a new one holds its slot. Either is None when the model
+produced; `fresh_s` how long a new one holds its slot; `first_byte_s` how soon after its
+slot a new one's first byte comes (the TTFT prediction, `policies.ttft`);
+`expected_tokens` how long it runs (the cost of an option). Each is None when the model
 cannot tell (no rates known yet, or no length to run to): the caller then falls back
-on holding times (`policies.holds`).
+on holding times (`policies.holds`) or a prior of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ ALPHA = 0.2  # weight of a new measurement of the rates (the first replaces the 
 MIN_LENGTHS = 8  # answers measured before their lengths replace the hinted ones
 HINT_SPREAD = 0.5  # a hinted `output_tokens` stands for lengths within +/- half of it
 NO_DELAY_RATE = 1e6  # tokens/s of a simulated engine without decode delay
+# A fresh answer's expected length (each request's TTFT prediction asks) is kept per
+# max_tokens until this share of the lengths' window is new: not rebuilt per answer.
+STALE_SHARE = 1 / 32
+MEMO_SIZE = 64  # max_tokens values remembered at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +66,8 @@ def _simulated(config: BackendConfig) -> SimulatedSpec | None:
 class AnswerModel:
     """One backend's answers, learned online (shared by its pools)."""
 
-    __slots__ = ("_hints", "lengths", "rate_samples", "tokens_per_s", "ttft_s")
+    __slots__ = ("_expected", "_expected_at", "_hints", "lengths", "rate_samples",
+                 "tokens_per_s", "ttft_s")
 
     def __init__(self, given: Hints | None = None) -> None:
         self._hints = given or Hints()
@@ -68,10 +75,13 @@ class AnswerModel:
         self.tokens_per_s = self._hints.tokens_per_s
         self.rate_samples = 0
         self.lengths = LengthWindow()
+        self._expected: dict[int | None, float | None] = {}  # max_tokens -> expected length
+        self._expected_at = -1  # `lengths.added` when `_expected` was begun
 
     def configure(self, given: Hints) -> None:
         """New hints (a reload): they stand until measurements replace them."""
         self._hints = given
+        self._expected_at = -1
         if not self.rate_samples:
             self.ttft_s, self.tokens_per_s = given.ttft_s, given.tokens_per_s
 
@@ -103,6 +113,39 @@ class AnswerModel:
             self.ttft_s += ALPHA * (ttft_s - self.ttft_s)
             self.tokens_per_s += ALPHA * (rate - self.tokens_per_s)
         self.rate_samples += 1
+
+    def expected_tokens(self, max_tokens: int | None) -> float | None:
+        """The expected length of an answer not yet begun, capped by `max_tokens`; None
+        when no length is measured or hinted (the cap alone is not a length). Remembered
+        until `STALE_SHARE` of the window is new (every answer while it is short)."""
+        added = self.lengths.added
+        if (added - self._expected_at >= max(1.0, STALE_SHARE * len(self.lengths))
+                or len(self._expected) >= MEMO_SIZE):
+            self._expected.clear()
+            self._expected_at = added
+        if max_tokens in self._expected:
+            return self._expected[max_tokens]
+        lengths = self.survival()
+        expected = lengths.remaining(0.0, max_tokens) if lengths.points else None
+        self._expected[max_tokens] = expected
+        return expected
+
+    def first_byte_s(self, stream: bool, max_tokens: int | None) -> float | None:
+        """Expected seconds from a slot to a new answer's first byte: for a stream its
+        first token; for a whole answer, which comes all at once, the first token and the
+        decode of its expected length, run to `max_tokens` when no length is known (as
+        `fresh_s`, from the remembered length: cheap enough for every request)."""
+        ttft, rate = self.ttft_s, self.tokens_per_s
+        if stream or ttft is None:
+            return ttft
+        if rate is None or rate <= 0:
+            return None
+        tokens = self.expected_tokens(max_tokens)
+        if tokens is None:
+            if max_tokens is None:
+                return None
+            tokens = max(0.0, float(max_tokens))
+        return ttft + max(0.0, tokens - 1.0) / rate
 
     def fresh_s(self, max_tokens: int | None) -> float | None:
         """Expected slot hold of an answer not yet begun."""

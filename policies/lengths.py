@@ -111,11 +111,12 @@ def uniform(mean: int, spread: float, steps: int = 32) -> Survival:
 class LengthWindow:
     """The last `size` answers' lengths, censored or not; its survival made on demand."""
 
-    __slots__ = ("_survival", "samples")
+    __slots__ = ("_survival", "added", "samples")
 
     def __init__(self, size: int = WINDOW) -> None:
         self.samples: deque[tuple[int, bool]] = deque(maxlen=size)
         self._survival: Survival | None = None
+        self.added = 0  # samples ever added (the window's length stops growing)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -124,6 +125,7 @@ class LengthWindow:
         if tokens < 0:
             return
         self.samples.append((tokens, censored))
+        self.added += 1
         self._survival = None
 
     def survival(self) -> Survival:

@@ -1,52 +1,37 @@
-"""What the gateway expects of a backend's first byte, learnt from its recent answers, and
-the TTFT it predicts for a request it admits. Pure: no I/O, no clock (times are given).
+"""The TTFT the gateway predicts for a request it admits. Pure: no I/O, no clock (times
+are given).
 
 A prediction is the time the request has already spent (reading, classifying), plus its
 forecast wait for a slot, plus the backend's expected time from a slot to the first byte.
-That last part is a moving average of recent ones, kept apart for streamed answers (the
-first chunk) and whole ones (the first byte comes with the whole answer), and seeded by
-a prior: a simulated engine's own TTFT and decode speed, else `initial_hold_s`.
+That last part is read from the backend's answer model (`policies.answers`, the one the
+queue forecast reads: `AnswerModel.first_byte_s`): for a stream its first token, for a
+whole answer the first token and the decode of its expected length (capped by its
+`max_tokens`). Cold, the model holds the `rates` hint or the simulated engine's own
+parameters; when it still cannot tell (a real engine with no `rates`, no stream measured
+yet), a prior stands in: the pool's mean slot hold for a whole answer, which holds its
+slot until it is all there (`initial_hold_s` until holds are measured), and
+`STREAM_PRIOR_S`, within that hold, for a stream's first chunk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from policies.config import BackendConfig
+from policies.answers import AnswerModel
 
-ALPHA = 0.2  # weight of the newest answer: about the last ten count
 STREAM_PRIOR_S = 1.0  # a real engine's first chunk, assumed until one is measured
 
 
-@dataclass(slots=True)
-class FirstByteModel:
-    """Expected seconds from a slot being granted to the backend's first byte."""
-
-    stream_s: float
-    whole_s: float
-
-    @classmethod
-    def prior(cls, config: BackendConfig) -> FirstByteModel:
-        engines = config.endpoints or ()
-        specs = [e.simulated for e in engines if e.simulated is not None]
-        if config.simulated is not None:
-            specs.append(config.simulated)
-        if not specs:
-            return cls(min(STREAM_PRIOR_S, config.initial_hold_s), config.initial_hold_s)
-        ttft = sum(s.ttft_s for s in specs) / len(specs)
-        decode = sum(s.output_tokens / s.tokens_per_s for s in specs if s.tokens_per_s)
-        return cls(ttft, ttft + decode / len(specs))
-
-    def expect(self, stream: bool) -> float:
-        return self.stream_s if stream else self.whole_s
-
-    def observe(self, stream: bool, seconds: float) -> None:
-        if seconds < 0:  # clocks read in another order than expected: nothing learnt
-            return
-        if stream:
-            self.stream_s += ALPHA * (seconds - self.stream_s)
-        else:
-            self.whole_s += ALPHA * (seconds - self.whole_s)
+def first_byte_s(answers: AnswerModel, stream: bool, max_tokens: int | None,
+                 mean_hold_s: Callable[[], float]) -> float:
+    """Expected seconds from a slot to the first byte of a new answer (`max_tokens`: its
+    request's cap): the answer model's expectation, else the prior (`mean_hold_s`, the
+    pool's mean slot hold, is read only then)."""
+    expected = answers.first_byte_s(stream, max_tokens)
+    if expected is not None:
+        return expected
+    hold = max(0.0, mean_hold_s())
+    return min(STREAM_PRIOR_S, hold) if stream else hold
 
 
 def predict_ttft_s(elapsed_s: float, wait_s: float, first_byte_s: float) -> float:

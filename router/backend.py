@@ -20,7 +20,6 @@ from policies.prefix import AffinityTable
 from policies.pricing import SlotTimeModel
 from policies.slots import SlotPool
 from policies.slots.handover import MoveOffers
-from policies.ttft import FirstByteModel
 from router.request.queue_report import QueueReporter
 from router.upstream.client import HttpPool
 from router.upstream.pools import make_pool, tune
@@ -52,8 +51,7 @@ class Backend:
     pool: SlotPool
     reporter: QueueReporter  # positions and ETAs for the streams in its queue
     slot_time: SlotTimeModel  # how long its answers hold a slot, by length
-    first_byte: FirstByteModel  # how soon after a slot its first byte comes (TTFT forecast)
-    answers: AnswerModel  # its answers' rates and lengths: the queue forecast
+    answers: AnswerModel  # its answers' rates and lengths: the queue and TTFT forecasts
     offers: MoveOffers | None = None  # set when a steering route may move requests onto it
     affinity: AffinityTable | None = None  # prompt prefix -> replica, when affinity picks
     cursor: int = field(default=0)  # round robin's next turn
@@ -120,8 +118,7 @@ async def open_backend(name: str, config: BackendConfig, coordination: Coordinat
     answers = AnswerModel(hints(config))
     pool = make_pool(name, config, coordination, coordinator, answers)
     backend = Backend(name, config, replicas, pool, QueueReporter(pool),
-                      SlotTimeModel(config.initial_hold_s), FirstByteModel.prior(config),
-                      answers,
+                      SlotTimeModel(config.initial_hold_s), answers,
                       affinity=_affinity(config, None))
     backend.scraper = backend.start_scraper()
     return backend

@@ -294,7 +294,7 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
-        on_first_byte=lambda at: objective.first_token(rec, backend, ex.gw.metrics, at))
+        on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at))
     # The forecast reads the relay's event count (a stream's); nothing more per event.
     lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
     try:

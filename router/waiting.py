@@ -74,11 +74,11 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         rec.backend, rec.reason = target, reason
         lease = await pool.try_acquire(ex.prefer(backend, parsed))
         if lease is not None:
-            objective.predict(rec, backend, 0.0)
+            objective.predict(rec, backend, 0.0, parsed.max_tokens)
             return lease
         ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
         if ticket is not None:
-            objective.predict(rec, backend, ticket.eta_s())
+            objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
             return await wait(ex, parsed, pool, ticket, movable)
     raise ex.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
 
@@ -90,12 +90,12 @@ async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     ex.rec.backend = backend
     lease = await pool.try_acquire(ex.prefer(group, parsed))
     if lease is not None:
-        objective.predict(ex.rec, group, 0.0)
+        objective.predict(ex.rec, group, 0.0, parsed.max_tokens)
         return lease
     ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
     if ticket is None:
         raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), backend)
-    objective.predict(ex.rec, group, ticket.eta_s())
+    objective.predict(ex.rec, group, ticket.eta_s(), parsed.max_tokens)
     return await wait(ex, parsed, pool, ticket, None)
 
 

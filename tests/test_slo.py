@@ -9,12 +9,15 @@ from typing import Any
 import pytest
 import yaml
 
-from policies.config import Priority
+from policies.answers import AnswerModel, hints
+from policies.config import BackendConfig, Priority
+from policies.lengths import WINDOW
 from policies.slo import Verdict, objective_s, verdict
-from policies.ttft import FirstByteModel, predict_ttft_s
+from policies.ttft import first_byte_s, predict_ttft_s
 from router.app import start_gateway
 from router.config import ConfigError, check_main, config_from_dict, load_config, parse_config
 from router.reload import ReloadRefused, reload_file
+from router.request.options import EXPECTED_OUTPUT_TOKENS, expected_output
 from tests.support import MESSAGES, SdkClients, assert_idle, sim_backend
 
 BASE = """\
@@ -103,25 +106,113 @@ def test_verdict(objective: float | None, ttft: float | None, elapsed: float, le
     assert verdict(objective, ttft, elapsed, left) is expected
 
 
-def test_first_byte_model_starts_from_the_engine_and_learns() -> None:
-    config = config_from_dict({"backends": {"big": sim_backend(
-        "m", 1, sim={"ttft_s": 0.3, "tokens_per_s": 50, "output_tokens": 100})},
-        "routes": {"chat": {"primary": "big"}}})
-    model = FirstByteModel.prior(config.backends["big"])
-    assert model.expect(True) == 0.3
-    assert model.expect(False) == pytest.approx(2.3)  # and 100 tokens at 50 a second
-    for _ in range(50):
-        model.observe(True, 1.0)
-    assert model.expect(True) == pytest.approx(1.0, abs=1e-3)
-    assert model.expect(False) == pytest.approx(2.3)  # whole answers learnt apart
-    model.observe(True, -1.0)  # nothing learnt from a negative span
-    assert model.expect(True) == pytest.approx(1.0, abs=1e-3)
-    real = config_from_dict({"backends": {"api": {"url": "http://127.0.0.1:9", "model": "m",
-                                                   "slots": 1, "initial_hold_s": 4}},
-                             "routes": {"chat": {"primary": "api"}}}).backends["api"]
-    assert (FirstByteModel.prior(real).expect(True), FirstByteModel.prior(real).expect(False)) \
-        == (1.0, 4.0)
+ENGINE = {"ttft_s": 0.3, "tokens_per_s": 50, "output_tokens": 101}  # 2.3 s to the last
+RATES = {"ttft_s": 1.0, "tokens_per_s": 10, "output_tokens": 21}  # ~21: 10.5 to 31.5
+REAL = {"url": "http://127.0.0.1:9", "model": "m", "slots": 1, "initial_hold_s": 4}
+
+
+def config_of(backend: dict[str, Any]) -> BackendConfig:
+    config = config_from_dict({"backends": {"b": backend}, "routes": {"chat": {"primary": "b"}}})
+    return config.backends["b"]
+
+
+def cold(backend: dict[str, Any]) -> tuple[AnswerModel, float]:
+    """A backend's answer model as the gateway starts it, and its pool's mean hold then."""
+    config = config_of(backend)
+    return AnswerModel(hints(config)), config.initial_hold_s
+
+
+@pytest.mark.parametrize(("backend", "stream", "max_tokens", "expected"), [
+    (sim_backend("m", 1, sim=ENGINE), True, None, 0.3),  # the engine's own first token
+    (sim_backend("m", 1, sim=ENGINE), False, None, 2.3),  # and 100 more tokens at 50 a second
+    (sim_backend("m", 1, sim=ENGINE), False, 51, 1.3),  # no more than max_tokens
+    (sim_backend("m", 1, sim=ENGINE, rates=RATES), True, None, 1.0),  # the hint before it
+    (sim_backend("m", 1, sim=ENGINE, rates=RATES), False, 8, 1.7),  # 7 more tokens at 10/s
+    (sim_backend("m", 1, sim=ENGINE, rates={"ttft_s": 1.0}), False, 51, 2.0),  # the rest: the
+    ({**REAL, "rates": RATES}, False, None, pytest.approx(3.03, abs=0.01)),     # engine's
+    (REAL, True, None, 1.0),  # nothing known: the prior, a first chunk in a second
+    (REAL, False, 100, 4.0),  # and a whole answer in the pool's mean hold (initial_hold_s)
+    ({**REAL, "initial_hold_s": 0.5}, True, None, 0.5),  # a first chunk within that hold
+    ({**REAL, "rates": {"ttft_s": 0.2}}, True, None, 0.2),  # a first token is enough...
+    ({**REAL, "rates": {"ttft_s": 0.2}}, False, 100, 4.0),  # ... for a stream only
+    ({**REAL, "rates": {"ttft_s": 0.2, "tokens_per_s": 10}}, False, 11, 1.2),  # to its cap
+    ({**REAL, "rates": {"ttft_s": 0.2, "tokens_per_s": 10}}, False, None, 4.0),  # no cap
+])
+def test_a_cold_first_byte_expectation(backend: dict[str, Any], stream: bool,
+                                       max_tokens: int | None, expected: float) -> None:
+    answers, hold_s = cold(backend)
+    assert first_byte_s(answers, stream, max_tokens, lambda: hold_s) == expected
+
+
+# What ends, in order: (tokens, its first-token time, its slot hold) (None: a whole answer,
+# no first-token time seen), then the expected first byte of a stream and of a whole answer.
+LEARNING: list[tuple[str, list[tuple[int, float | None, float]], float, float]] = [
+    ("cold: the engine's", [], 0.3, 2.3),
+    ("a whole answer teaches no rate", [(41, None, 9.0)], 0.3, 2.3),
+    ("the first stream replaces the rates (41 tokens at 20/s)", [(41, 1.0, 3.0)], 1.0, 6.0),
+    ("8 lengths measured replace the hinted ones", [(41, 1.0, 3.0)] * 6, 1.0, 3.0),
+    ("then a moving average", [(41, 2.0, 4.0)], 1.2, 3.2),
+    ("a first token after the hold teaches nothing of it", [(41, 5.0, 4.0)], 1.2, 3.2),
+]
+
+
+def test_the_first_byte_expectation_learns_from_finished_answers() -> None:
+    answers, hold_s = cold(sim_backend("m", 1, sim=ENGINE))
+    for step, ended, stream_s, whole_s in LEARNING:
+        for tokens, ttft_s, held_s in ended:
+            answers.observe(tokens, None, ttft_s=ttft_s, held_s=held_s)
+        got = (first_byte_s(answers, True, None, lambda: hold_s),
+               first_byte_s(answers, False, None, lambda: hold_s))
+        assert got == pytest.approx((stream_s, whole_s)), step
     assert predict_ttft_s(0.01, 2.0, 0.3) == pytest.approx(2.31)
+    assert predict_ttft_s(-1.0, 2.0, 0.3) == pytest.approx(2.3)  # clocks out of order
+
+
+def measured(tokens: int, answers: int) -> AnswerModel:
+    model, _ = cold(REAL)
+    for _ in range(answers):
+        model.observe(tokens, None)
+    return model
+
+
+@pytest.mark.parametrize(("model", "max_tokens", "expected"), [
+    (cold(REAL)[0], None, EXPECTED_OUTPUT_TOKENS),  # nothing known: the constant
+    (cold(REAL)[0], 100, 100),  # or a lower cap
+    (cold(REAL)[0], 1000, EXPECTED_OUTPUT_TOKENS),
+    (cold(sim_backend("m", 1, sim=ENGINE))[0], None, 101),  # the engine's length
+    (cold(sim_backend("m", 1, sim=ENGINE))[0], 1000, 101),
+    (cold(sim_backend("m", 1, sim=ENGINE))[0], 51, 51),
+    (cold({**REAL, "rates": RATES})[0], None, 21),  # the hinted one
+    (cold({**REAL, "rates": RATES})[0], 8, 8),
+    (measured(40, 3), None, 40),  # measured (at once, without a hint)
+    (measured(40, 3), 1000, 40),
+    (measured(40, 3), 30, 30),
+])
+def test_an_options_expected_output(model: AnswerModel, max_tokens: int | None,
+                                    expected: int) -> None:
+    assert expected_output(model, max_tokens) == expected
+
+
+def test_the_expected_length_is_rebuilt_once_a_share_of_the_window_is_new() -> None:
+    """Each prediction asks for it: a full window's is kept until 1/32 of it (8 of 256
+    answers) is new, a short window's is rebuilt at every answer."""
+    model = measured(40, 3)
+    assert model.expected_tokens(None) == 40
+    model.observe(100, None)
+    assert model.expected_tokens(None) == 55  # short: at once
+    model = measured(40, WINDOW)
+    assert model.expected_tokens(None) == 40
+    for _ in range(7):
+        model.observe(100, None)
+    assert model.expected_tokens(None) == 40  # 7 new of 256: remembered
+    # a cap not asked before: from the window as it is
+    assert model.expected_tokens(1000) == pytest.approx((249 * 40 + 7 * 100) / 256)
+    model.observe(100, None)  # the 8th
+    assert model.expected_tokens(None) == pytest.approx((248 * 40 + 8 * 100) / 256)
+    hinted, _ = cold(sim_backend("m", 1, sim=ENGINE))
+    assert hinted.expected_tokens(None) == 101
+    hinted.configure(hints(config_of({**REAL, "rates": RATES})))  # a reload's new hint
+    assert hinted.expected_tokens(None) == pytest.approx(21.3, abs=0.1)
 
 
 def _write(path: Path, slo: dict[str, Any] | None, route_slo: dict[str, Any] | None) -> None:

@@ -23,8 +23,10 @@ from tests.support import (
     SdkClients,
     StartGateway,
     assert_idle,
+    drain_stream,
     engine,
     gateway_config,
+    poll_until,
     row,
     rows_of,
     sim_backend,
@@ -113,6 +115,35 @@ async def test_met_late_and_refused_requests(
             for c in slo["total"]] == [("all", 5, 3, 2, 0.6), ("standard", 3, 3, 0, 1.0),
                                        ("sheddable", 2, 0, 2, 0.0)]
     assert [a["arm"] for a in slo["arms"]] == ["(none)"]
+
+
+async def test_the_forecast_reads_the_backends_answer_model(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    """A request's predicted TTFT comes from its backend's answer model (the queue
+    forecast's): cold, from the `rates` hint (ten minutes to a first token, far slower
+    than the engine), then from what finished streams taught it, each answer once; a
+    whole answer is predicted to its last token and teaches only its length."""
+    gw = await start(gateway_config(sim_backend("m", slots=1, rates={"ttft_s": 600})))
+    client = sdk(gw)
+    answers = gw.gateway.backends["big"].answers
+    await drain_stream(client, "cold")
+    await assert_idle(gw)  # its slot is released once what it taught is learnt
+    assert answers.rate_samples == 1 and answers.ttft_s is not None and answers.ttft_s < 600
+    await drain_stream(client, "warm")
+    await assert_idle(gw)
+    assert answers.rate_samples == 2
+    await client.chat.completions.create(model="chat", messages=MESSAGES,
+                                         extra_headers={"X-Request-Id": "whole"})
+    await assert_idle(gw)
+    assert (answers.rate_samples, len(answers.lengths)) == (2, 3)
+    await poll_until(lambda: len(gw.gateway.recent) == 3)
+    predicted = {r.request_id: r.predicted_ttft_ms or 0.0 for r in gw.gateway.recent}
+    assert predicted["cold"] >= 600_000
+    assert predicted["warm"] < 600_000
+    assert answers.ttft_s is not None and answers.tokens_per_s is not None
+    whole_s = answers.ttft_s + (8 - 1) / answers.tokens_per_s  # its 8 tokens, all measured
+    assert whole_s * 1000 <= predicted["whole"] < 600_000
 
 
 def _row(key: str, arm: str | None, priority: str | None, objective: float | None,

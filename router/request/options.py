@@ -5,8 +5,10 @@ A fallback serving the primary's own `model` is an overflow (no downgrade); any 
 the small model. Each option's TTFT is the time the request has already spent, plus its
 wait for a slot there (none when one is free and nobody waits; the pool's forecast for
 the place behind its line; never, when its line has no room), plus the backend's
-expected time from a slot to the first byte. Its cost is the request priced there: the
-prompt and the expected answer per token, or the slot time that answer takes on a
+expected time from a slot to the first byte (its answer model's, as for the request's
+recorded prediction: `objective.expected_first_byte_s`). Its cost is the request priced
+there: the prompt and the answer of the length that backend's answers are expected to
+run to (capped by `max_tokens`), per token, or the slot time that answer takes on a
 GPU-time price.
 """
 
@@ -19,15 +21,18 @@ from typing import TYPE_CHECKING
 from policies.capabilities import lack
 from policies.objective import Option, OptionKind
 from policies.pricing import request_cost
+from router.request.objective import expected_first_byte_s
 
 if TYPE_CHECKING:
+    from policies.answers import AnswerModel
     from policies.config import RouteConfig
     from router.backend import Backend
     from router.exchange import Exchange
     from router.openai_api import ParsedRequest
 
-# An answer's expected length when the request sets no max_tokens: what the cost of an
-# option assumes (a cap lower than this counts instead).
+# An answer's expected length when the backend's answer model knows none (no length
+# measured or hinted): what the cost of an option assumes (a lower max_tokens counts
+# instead).
 EXPECTED_OUTPUT_TOKENS = 256
 
 
@@ -56,9 +61,17 @@ def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionK
     else:
         wait_s = math.inf
     spent_s = time.perf_counter() - ex.rec.started_at
-    ttft_s = spent_s + wait_s + backend.first_byte.expect(parsed.stream)
-    output = min(parsed.max_tokens or EXPECTED_OUTPUT_TOKENS, EXPECTED_OUTPUT_TOKENS)
+    ttft_s = spent_s + wait_s + expected_first_byte_s(backend, parsed.stream, parsed.max_tokens)
+    output = expected_output(backend.answers, parsed.max_tokens)
     config = backend.config
     cost = request_cost(config.price, max(config.slots, 1), ex.prompt_tokens(parsed), output,
                         backend.slot_time.predict(output))
     return Option(kind, backend.name, ttft_s, cost, lacking)  # type: ignore[arg-type]
+
+
+def expected_output(answers: AnswerModel, max_tokens: int | None) -> int:
+    """The tokens a backend's answer is expected to run to, capped by `max_tokens`."""
+    expected = answers.expected_tokens(max_tokens)
+    if expected is None:
+        return min(max_tokens or EXPECTED_OUTPUT_TOKENS, EXPECTED_OUTPUT_TOKENS)
+    return round(expected)
