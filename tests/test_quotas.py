@@ -143,14 +143,14 @@ async def test_token_budget_then_429_and_it_survives_a_restart(
         reply = await metered.chat.completions.create(model="chat", messages=MESSAGES)
         assert reply.usage is not None
         used += reply.usage.total_tokens
+    asked_at = datetime.now(UTC).timestamp()  # no later than the gateway's own clock read
     with pytest.raises(openai.RateLimitError) as over:
         await metered.chat.completions.create(model="chat", messages=MESSAGES)
     body: Any = over.value.body
     assert body["code"] == "budget_exceeded" and body["type"] == "insufficient_quota"
     assert "40 tokens" in body["message"]
-    now = datetime.now(UTC).timestamp()
-    _, midnight = period_bounds("day", now)
-    assert 1 <= int(over.value.response.headers["retry-after"]) <= midnight - now + 1
+    _, midnight = period_bounds("day", asked_at)
+    assert 1 <= int(over.value.response.headers["retry-after"]) <= midnight - asked_at + 1
     assert await ask(sdk, gw, "team", "unmetered")
 
     rows = await rows_of(gw, str(tmp_path / "ledger.sqlite3"))  # closes: a restart
