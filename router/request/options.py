@@ -18,7 +18,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from policies.capabilities import lack
+from policies.capabilities import Lack, lack
 from policies.objective import Option, OptionKind
 from policies.pricing import request_cost
 from router.request.objective import expected_first_byte_s
@@ -51,7 +51,7 @@ def options(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> list[Opt
 
 
 def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionKind,
-            lacking: object) -> Option:
+            lacking: Lack | None) -> Option:
     pool = backend.pool
     snap = pool.snapshot()
     if snap.free > 0 and snap.queued == 0:
@@ -66,7 +66,7 @@ def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionK
     config = backend.config
     cost = request_cost(config.price, max(config.slots, 1), ex.prompt_tokens(parsed), output,
                         backend.slot_time.predict(output))
-    return Option(kind, backend.name, ttft_s, cost, lacking)  # type: ignore[arg-type]
+    return Option(kind, backend.name, ttft_s, cost, lacking)
 
 
 def expected_output(answers: AnswerModel, max_tokens: int | None) -> int:
