@@ -8,10 +8,8 @@ from typing import Any
 
 import aiohttp
 import anthropic
-import orjson
 import pytest
 
-from router.app import RunningGateway
 from tests.support import (
     MESSAGES,
     SdkClients,
