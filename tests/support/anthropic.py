@@ -112,3 +112,47 @@ def messages_of(chat: dict[str, Any]) -> dict[str, Any]:
     if "user" in chat:
         out["metadata"] = {"user_id": chat["user"]}
     return out
+
+
+def parse_stream(raw: bytes) -> list[tuple[str, Any]]:
+    """(name, data) of each event in an Anthropic stream's bytes."""
+    out = []
+    for block in raw.split(b"\n\n"):
+        lines = block.split(b"\n")
+        if len(lines) == 2 and lines[0].startswith(b"event: "):
+            out.append((lines[0][7:].decode(), orjson.loads(lines[1].removeprefix(b"data: "))))
+        else:
+            assert block == b"", f"not one named event: {block!r}"
+    return out
+
+
+def accumulate(events: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The message an Anthropic stream's events build, checking their order as it goes."""
+    names = [name for name, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    message = events[0][1]["message"]
+    open_index: int | None = None
+    partial = ""
+    for name, data in events[1:-2]:
+        if name == "content_block_start":
+            assert open_index is None and data["index"] == len(message["content"])
+            open_index, partial = data["index"], ""
+            message["content"].append(dict(data["content_block"]))
+        elif name == "content_block_delta":
+            assert data["index"] == open_index
+            block, delta = message["content"][-1], data["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            else:
+                assert delta["type"] == "input_json_delta"
+                partial += delta["partial_json"]
+        else:
+            assert name == "content_block_stop" and data["index"] == open_index
+            if message["content"][-1]["type"] == "tool_use":
+                message["content"][-1]["input"] = orjson.loads(partial) if partial else {}
+            open_index = None
+    assert open_index is None
+    delta = events[-2][1]
+    message.update(delta["delta"])
+    message["usage"] = {**message["usage"], **delta["usage"]}
+    return dict(message)
