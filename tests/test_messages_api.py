@@ -33,8 +33,8 @@ async def test_create_answers_a_message(claude: AnthropicClients, start: StartGa
     message = await raw.parse()
     assert message.type == "message" and message.role == "assistant"
     assert message.model == "chat"
-    assert [b.type for b in message.content] == ["text"]
-    assert message.content[0].text == TEXT
+    [block] = message.content
+    assert isinstance(block, anthropic.types.TextBlock) and block.text == TEXT
     assert message.stop_reason == "end_turn" and message.stop_sequence is None
     assert message.usage.output_tokens == 8 and message.usage.input_tokens > 0
     assert raw.headers["x-slotgate-backend"] == "big"
@@ -147,7 +147,7 @@ async def test_errors_are_in_anthropics_shape(claude: AnthropicClients,
     client = claude(gw)
     with pytest.raises(anthropic.BadRequestError) as bad:
         await client.messages.create(model="chat", max_tokens=10, messages=ASK,
-                                     tool_choice={"type": "bogus"})  # type: ignore[typeddict-item]
+                                     extra_body={"tool_choice": {"type": "bogus"}})
     assert bad.value.body == {"type": "error", "error": {
         "type": "invalid_request_error",
         "message": "tool_choice.type: 'bogus' is not one of auto, any, tool, none"}}

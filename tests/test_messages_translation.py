@@ -127,7 +127,7 @@ def test_capabilities_read_the_translated_conversation() -> None:
 
 # -- properties --------------------------------------------------------------------------------
 
-texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
+texts = st.text(st.characters(codec="utf-8"), min_size=1,
                 max_size=40)
 names = st.from_regex(r"[a-z][a-z_]{0,11}", fullmatch=True)
 ids = st.from_regex(r"call_[a-z0-9]{1,8}", fullmatch=True)
