@@ -52,10 +52,11 @@ def arguments(schema: object) -> dict[str, object]:
     properties = schema.get("properties")
     properties = properties if isinstance(properties, dict) else {}
     out: dict[str, object] = {}
-    for name in schema.get("required") or ():
-        spec = properties.get(name) if isinstance(name, str) else None
+    required = schema.get("required")
+    for name in required if isinstance(required, list) else ():
         if not isinstance(name, str):
             continue
+        spec = properties.get(name)
         if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
             out[name] = spec["enum"][0]
         elif isinstance(spec, dict) and isinstance(spec.get("type"), str):
