@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import pytest
+from aiohttp import web
 
 from tests.support import (
     MESSAGES,
@@ -17,6 +18,7 @@ from tests.support import (
     assert_idle,
     engine,
     gateway_config,
+    serve_app,
     sim_backend,
     wait_pools,
 )
@@ -192,10 +194,36 @@ async def test_a_full_queue_is_a_rate_limit_error_with_retry_after(
     await assert_idle(gw)
 
 
-async def test_an_engine_503_gets_a_retry_after(claude: AnthropicClients,
-                                                start: StartGateway) -> None:
+@pytest.mark.parametrize("status", [429, 503])
+async def test_an_engines_own_refusal_gets_a_retry_after(
+    claude: AnthropicClients, start: StartGateway, status: int
+) -> None:
     """Every Anthropic-protocol 429 and 503 carries retry-after, even when the gateway
-    relays an engine's own error that had none."""
+    relays an engine's own answer that had none."""
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "busy", "type": "server_error"}},
+                                 status=status)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    runner, url = await serve_app(app)
+    try:
+        gw = await start(gateway_config({"url": url + "/v1", "model": "m", "slots": 1},
+                                        server={"retry_after_min_s": 2}))
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            await claude(gw).messages.create(model="chat", max_tokens=10, messages=ASK)
+        assert refused.value.status_code == status
+        assert refused.value.response.headers["retry-after"] == "2"
+        assert refused.value.body["error"]["type"] == (  # type: ignore[index]
+            "rate_limit_error" if status == 429 else "overloaded_error")
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_queue_timeout_is_a_503_with_retry_after(claude: AnthropicClients,
+                                                         start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1, queue_timeout_s=0.05,
                                                 queue_limit=1)))
     sim = engine(gw)
