@@ -18,6 +18,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from policies.config import Config, CoordinationMode, Public
 from policies.quotas import Quotas, period_bounds
 from router import dispatch
+from router.apis.anthropic import ANTHROPIC
+from router.apis.anthropic_endpoints import count_tokens, model_list
+from router.apis.dialect import OPENAI
 from router.assembly import add_backend, health_check, replica_check, wire_routes
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
@@ -47,6 +50,9 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/completions",
                         partial(dispatch.handle, endpoint=Endpoint.COMPLETIONS),
                         expect_handler=expect_continue)
+    app.router.add_post("/v1/messages", partial(dispatch.handle, endpoint=Endpoint.MESSAGES),
+                        expect_handler=expect_continue)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -121,9 +127,13 @@ async def _no_route(request: web.Request) -> web.Response:
 
 async def _models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    if (refused := gw.guard(request, Public.MODELS)) is not None:
+    anthropic = "anthropic-version" in request.headers  # an Anthropic client: its shapes
+    if (refused := gw.guard(request, Public.MODELS, ANTHROPIC if anthropic else OPENAI)
+            ) is not None:
         return refused
     config = gw.config
+    if anthropic:
+        return web.json_response(model_list(list(config.routes)), dumps=_dumps)
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "slotgate"}
         for name in config.routes

@@ -26,6 +26,8 @@ from policies.config import RouteConfig
 from policies.failures import FailureKind
 from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
+from router.apis.anthropic import ANTHROPIC
+from router.apis.dialect import OPENAI, Dialect
 from router.exchange import Exchange
 from router.gateway import GATEWAY
 from router.openai_api import (
@@ -34,7 +36,6 @@ from router.openai_api import (
     ParsedRequest,
     check_content_encoding,
     check_content_type,
-    parse_request,
     read_body,
     upstream_body,
 )
@@ -44,7 +45,6 @@ from router.request import objective
 from router.request.access_log import log_refused
 from router.request.accounting import learn, settle
 from router.request.usage import CLIENT_CLOSED, count_tokens
-from router.sse import start_frame
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import Forwarding
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
@@ -53,6 +53,8 @@ from router.waiting import admit, admit_to
 
 log = logging.getLogger("slotgate.access")
 errors = logging.getLogger("slotgate.error")
+# The wire dialect of each endpoint that does not speak OpenAI's own (router.apis.dialect).
+DIALECTS: dict[Endpoint, Dialect] = {Endpoint.MESSAGES: ANTHROPIC}
 
 
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -62,7 +64,9 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
                         time.time(), own,
                         tenant=None if gw.keyring.enabled else key_id(request))
-    exchange = Exchange(request, gw, rec, config)
+    dialect = DIALECTS.get(endpoint, OPENAI)
+    exchange = Exchange(request, gw, rec, config, dialect)
+    # TODO(api field): rec.api = "messages" for Endpoint.MESSAGES, once RequestRecord has it
     failed: FailureKind | None = None  # how the upstream exchange failed, if it did
     gw.enter(request.task)
     try:
@@ -83,7 +87,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         server = config.server
         raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
                               exchange.hold)
-        parsed = exchange.parsed = parse_request(raw, endpoint, config.server)
+        parsed = exchange.parsed = dialect.parse(raw, endpoint, config.server)
         rec.stream = parsed.stream
         route = config.routes.get(parsed.model)
         if route is None:
@@ -281,8 +285,8 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
     rec = ex.rec
     backend = ex.gw.backends[lease.pool]
     upstream = backend.replicas[lease.replica].upstream
-    start = start_frame(lease.pool, rec.reason, rec.queue_wait_ms, ex.wants_events(parsed),
-                        rec.replica)
+    start = ex.dialect.start_frame(lease.pool, rec.reason, rec.queue_wait_ms,
+                                   ex.wants_events(parsed), rec.replica)
     preamble = b""
     if ex.response is not None:
         await ex.send(start)
@@ -294,7 +298,8 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
-        on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at))
+        on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
+        translation=ex.dialect.translation(parsed, rec.request_id))
     # The forecast reads the relay's event count (a stream's); nothing more per event.
     lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
     try:

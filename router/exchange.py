@@ -16,6 +16,7 @@ from policies.config import Config, Priority
 from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
 from policies.slots import SlotPool
+from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
 from router.gateway import Gateway
 from router.openai_api import ApiError, ParsedRequest
@@ -30,12 +31,13 @@ from router.upstream.proxy import ClientGone
 class Exchange:
     """One request's state, from its head to its record."""
 
-    __slots__ = ("_needs", "config", "facts", "failed_on", "gw", "hold", "parsed",
+    __slots__ = ("_needs", "config", "dialect", "facts", "failed_on", "gw", "hold", "parsed",
                  "place", "priority", "rec", "request", "response", "want")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
-                 config: Config) -> None:
+                 config: Config, dialect: Dialect = OPENAI) -> None:
         self.request = request
+        self.dialect = dialect  # how its answers and errors are spoken
         self.gw = gw
         self.config = config  # one config for the whole request, whatever a reload does
         self.rec = rec
@@ -130,9 +132,9 @@ class Exchange:
         """Answer `err`: as an error response, or in-band once a stream's 200 went out."""
         err.headers.update(self.headers())
         if self.response is None:
-            return err.response()
+            return self.dialect.error_response(err, self.config.server.retry_after_min_s)
         with contextlib.suppress(ClientGone, ConnectionResetError):
-            await self.send(err.sse_event())
+            await self.send(self.dialect.error_event(err))
             await self.response.write_eof()
         return self.response
 

@@ -18,6 +18,7 @@ from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
 from policies.experiments import Experiment
 from policies.quotas import Quotas
+from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
 from router.ledger.base import Ledger
 from router.openai_api import ApiError
@@ -108,9 +109,11 @@ class Gateway:
                     await self._idle.wait()
         return self.running
 
-    def guard(self, request: web.Request, what: Public | None) -> web.Response | None:
+    def guard(self, request: web.Request, what: Public | None,
+              dialect: Dialect = OPENAI) -> web.Response | None:
         """None when the caller may have `what` (None: any endpoint's key check), else its
-        refusal (401, or 400 for two keys), counted in slotgate_auth_failures_total."""
+        refusal (401, or 400 for two keys) in `dialect`, counted in
+        slotgate_auth_failures_total."""
         try:
             if what is None:
                 self.keyring.caller(request)
@@ -118,7 +121,7 @@ class Gateway:
                 self.keyring.check(request, what)
         except ApiError as err:
             self.metrics.auth_failures.add((err.code or "",))
-            return err.response()
+            return dialect.error_response(err, self.config.server.retry_after_min_s)
         return None
 
     def bodies_full(self) -> ApiError:

@@ -34,6 +34,7 @@ from router.request.json_bounds import check_bounds
 class Endpoint(enum.StrEnum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    MESSAGES = "/v1/messages"  # Anthropic's, translated to chat (router.apis.anthropic)
 
 
 @dataclass(eq=False)

@@ -89,9 +89,11 @@ def request_id(request: web.Request, own: str) -> str:
 def key_id(request: web.Request) -> str | None:
     """Who is calling, for the ledger and sticky arms: a hash prefix of the bearer key."""
     auth = request.headers.get("Authorization")
-    if not auth or not auth[:7].lower() == "bearer ":
+    if auth and auth[:7].lower() == "bearer ":
+        presented = auth[7:].strip()
+    elif (presented := request.headers.get("x-api-key", "").strip()) == "":  # Anthropic's
         return None
-    return hashlib.sha256(auth[7:].strip().encode(errors="replace")).hexdigest()[:12]
+    return hashlib.sha256(presented.encode(errors="replace")).hexdigest()[:12]
 
 
 def subject(parsed: ParsedRequest, tenant: str | None, request: web.Request) -> str | None:

@@ -167,7 +167,7 @@ async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Tick
             assert ex.response is not None
             await backend.reporter.listen(ex.request, ex.response, ticket,
                                           ex.wants_events(parsed),
-                                          ex.config.server.queue_heartbeat_s)
+                                          ex.config.server.queue_heartbeat_s, ex.dialect)
         except BaseException as exc:
             await ticket.withdraw()
             if isinstance(exc, ConnectionResetError):

@@ -27,6 +27,7 @@ from tests.support import (
     closed_port,
     require_program,
 )
+from tests.support.anthropic import AnthropicClients
 from tests.support.canaries import ADMIN_ENV, BACKEND_ENV, LOGGERS, Canaries
 from tests.support.engines import Raw
 from tests.support.pools import PoolFactory
@@ -61,6 +62,16 @@ async def start() -> AsyncIterator[StartGateway]:
 async def sdk() -> AsyncIterator[SdkClients]:
     """`sdk(gw, **kwargs)`: the official SDK pointed at a gateway; every client is closed."""
     clients = SdkClients()
+    try:
+        yield clients
+    finally:
+        await clients.aclose()
+
+
+@pytest.fixture
+async def claude() -> AsyncIterator[AnthropicClients]:
+    """`claude(gw, **kwargs)`: the official Anthropic SDK pointed at a gateway."""
+    clients = AnthropicClients()
     try:
         yield clients
     finally:

@@ -48,6 +48,47 @@ def _completion(kind: str, models: list[str]) -> dict[str, Any]:
     }
 
 
+_ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
+
+
+def _messages(models: list[str], count: bool) -> dict[str, Any]:
+    """Anthropic's Messages API (docs/messages-api.md): what the gateway checks of it."""
+    text: dict[str, Any] = {"type": "string", "maxLength": 2000}
+    properties: dict[str, Any] = {
+        "model": {"type": "string", "enum": models},
+        "messages": {"type": "array", "minItems": 1, "maxItems": 8, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"role": {"type": "string", "enum": ["user", "assistant"]},
+                           "content": text}}},
+        "system": text,
+    }
+    required = ["model", "messages"]
+    if not count:
+        required.append("max_tokens")
+        properties.update({
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
+            "stream": {"type": "boolean"},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+            "stop_sequences": {"type": "array", "maxItems": 4, "items": text},
+            "metadata": {"type": "object", "properties": {"user_id": text}},
+        })
+    statuses = (400, 404, 408, 413, 415) if count else (
+        400, 404, 408, 413, 415, 429, 502, 503, 504)
+    return {
+        "parameters": [{"name": "anthropic-version", "in": "header", "required": False,
+                        "schema": {"type": "string", "maxLength": 40}}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": required, "properties": properties,
+            "additionalProperties": True}}}},
+        "responses": {"200": {"description": "{\"input_tokens\": N}, the gateway's "
+                              "estimate" if count else "an Anthropic message (JSON, or "
+                              "Anthropic's event stream when stream is true)"},
+                      **{str(s): {"description": "an Anthropic-shaped error", "content": {
+                          "application/json": {"schema": _ANTHROPIC_ERROR}}}
+                         for s in statuses}},
+    }
+
+
 def _get(description: str, *errors: int) -> dict[str, Any]:
     return {"get": {"responses": {"200": {"description": description}, **_errors(*errors)}}}
 
@@ -66,13 +107,20 @@ def openapi(config: Config) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": {"post": _completion("chat", models)},
             "/v1/completions": {"post": _completion("completions", models)},
+            "/v1/messages": {"post": _messages(models, count=False)},
+            "/v1/messages/count_tokens": {"post": _messages(models, count=True)},
             "/v1/models": _get("the public model names"),
             "/healthz": _get("alive"),
             "/readyz": _get("ready to serve", 503),
             "/metrics": _get("Prometheus exposition"),
             "/admin/report": report,
         },
-        "components": {"schemas": {"Error": {
+        "components": {"schemas": {"AnthropicError": {
+            "type": "object", "required": ["type", "error"],
+            "properties": {"type": {"type": "string", "enum": ["error"]}, "error": {
+                "type": "object", "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}},
+            "Error": {
             "type": "object", "required": ["error"],
             "properties": {"error": {
                 "type": "object", "required": ["message", "type", "code"],
@@ -91,12 +139,19 @@ _PUBLIC_PATHS = {Public.METRICS: "/metrics", Public.MODELS: "/v1/models",
 
 def _secured(spec: dict[str, Any], public: frozenset[Public]) -> None:
     """Auth on: a bearer key everywhere (401), but on the probes and what is public."""
-    spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    spec["components"]["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer"},
+        "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
     spec["security"] = [{"bearer": []}]
     open_paths = {"/healthz", "/readyz", *(_PUBLIC_PATHS[what] for what in public)}
     for path, operations in spec["paths"].items():
         for operation in operations.values():
             if path in open_paths:
                 operation["security"] = []
+            elif path.startswith("/v1/messages"):  # Anthropic clients send x-api-key
+                operation["security"] = [{"bearer": []}, {"x-api-key": []}]
+                operation["responses"]["401"] = {
+                    "description": "an Anthropic-shaped error",
+                    "content": {"application/json": {"schema": _ANTHROPIC_ERROR}}}
             else:
                 operation["responses"].update(_errors(401))

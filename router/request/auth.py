@@ -2,8 +2,9 @@
 
 Keys are kept only as SHA-256 digests (from the config, or hashed once at startup from an
 environment variable). A presented key is hashed and looked up; the digests are then
-compared in constant time. No key, and no part of one, is ever logged. A request with
-more than one `Authorization` header is refused (400), never read as "the first wins".
+compared in constant time. No key, and no part of one, is ever logged. A key comes as
+`Authorization: Bearer KEY` or (Anthropic clients) `x-api-key: KEY`. A request with more
+than one key header, or two that differ, is refused (400), never read as "the first wins".
 """
 
 from __future__ import annotations
@@ -38,6 +39,26 @@ AUTH_FAILURES = frozenset({"invalid_api_key", "duplicate_authorization",
 _CLASSES = frozenset(Priority)  # the values a client may name in x-slotgate-priority
 
 
+def presented_key(request: web.BaseRequest) -> str:
+    """The key a request presents: `Authorization: Bearer KEY` (OpenAI's) or `x-api-key:
+    KEY` (Anthropic's); "" for none. Two keys that differ are refused (400), never read
+    as "the first wins"."""
+    given = request.headers.getall("Authorization", ())
+    other = request.headers.getall("x-api-key", ())
+    if len(given) > 1 or len(other) > 1:  # two proxies or clients may disagree on which
+        raise ApiError(400, "More than one Authorization header was sent; send one.",
+                       code="duplicate_authorization")
+    auth = given[0] if given else ""
+    bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not other:
+        return bearer
+    key = other[0].strip()
+    if given and bearer != key:
+        raise ApiError(400, "Both Authorization and x-api-key were sent, with different "
+                       "keys; send one.", code="duplicate_authorization")
+    return key
+
+
 class Keyring:
     def __init__(self, config: AuthConfig) -> None:
         self.enabled = config.enabled
@@ -61,12 +82,7 @@ class Keyring:
         """The caller of a request; raises a 401 when auth is on and the key is wrong."""
         if not self.enabled:
             return None
-        given = request.headers.getall("Authorization", ())
-        if len(given) > 1:  # two proxies or clients may disagree on which one counts
-            raise ApiError(400, "More than one Authorization header was sent; send one.",
-                           code="duplicate_authorization")
-        auth = given[0] if given else ""
-        presented = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        presented = presented_key(request)
         digest = hashlib.sha256(presented.encode(errors="replace")).digest()
         found = self._by_digest.get(digest)
         if not presented or found is None or not hmac.compare_digest(found.digest, digest):

@@ -16,16 +16,17 @@ import time
 from aiohttp import web
 
 from policies.slots import SlotPool, Ticket
-from router.sse import queue_frame
+from router.apis.dialect import OPENAI, Dialect
 
 
 class _Listener:
-    __slots__ = ("events", "every_s", "response", "sent_at", "sent_eta", "sent_position",
+    __slots__ = ("dialect", "events", "every_s", "response", "sent_at", "sent_eta", "sent_position",
                  "ticket", "transport")
 
     def __init__(self, transport: asyncio.Transport, response: web.StreamResponse, ticket: Ticket,
-                 events: bool, every_s: float) -> None:
+                 events: bool, every_s: float, dialect: Dialect) -> None:
         self.transport, self.response, self.ticket = transport, response, ticket
+        self.dialect = dialect
         self.events, self.every_s = events, every_s
         self.sent_position, self.sent_eta, self.sent_at = 0, 0.0, 0.0
 
@@ -42,7 +43,7 @@ class _Listener:
                 and abs(eta - self.sent_eta) <= max(1.0, 0.2 * self.sent_eta)):
             return None
         self.sent_position, self.sent_eta, self.sent_at = position, eta, now
-        return queue_frame(position, eta, pool, self.events)
+        return self.dialect.queue_frame(position, eta, pool, self.events)
 
 
 class QueueReporter:
@@ -59,12 +60,13 @@ class QueueReporter:
         return len(self._listeners)
 
     async def listen(self, request: web.BaseRequest, response: web.StreamResponse,
-                     ticket: Ticket, events: bool, every_s: float) -> None:
+                     ticket: Ticket, events: bool, every_s: float,
+                     dialect: Dialect = OPENAI) -> None:
         """Tell `ticket`'s stream where it stands now, then whenever that changes, until
         `leave`. Raises ConnectionResetError if the client is already gone."""
         if request.transport is None:
             raise ConnectionResetError("the client is gone")
-        listener = _Listener(request.transport, response, ticket, events, every_s)
+        listener = _Listener(request.transport, response, ticket, events, every_s, dialect)
         first = listener.frame(self.pool.name, time.perf_counter())
         if first is not None:
             await response.write(first)

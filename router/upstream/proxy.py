@@ -26,6 +26,7 @@ from policies.capabilities import estimate_tokens
 from policies.config import BackendConfig
 from policies.failures import FailureKind
 from policies.headers import HOP_BY_HOP
+from router.apis.dialect import Relay, Translation
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
 from router.upstream.client import HttpPool
@@ -107,6 +108,8 @@ class Attempt:
     first_byte_at: float | None = None
     on_first_byte: Callable[[float], None] | None = None  # called with first_byte_at, once
     streaming: bool = False  # bytes of the answer reached the client
+    # The answer rendered in another client API (router.apis.dialect); None: as it is.
+    translation: Translation | None = None
 
 
 def returned_headers(headers: MultiMapping[str], secret: str | None = None
@@ -186,13 +189,17 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             if attempt.on_first_byte is not None:
                 attempt.on_first_byte(attempt.first_byte_at)
             _usage_from_body(raw, attempt.usage)
+            if attempt.translation is not None:
+                raw = attempt.translation.answer(raw)
             done = True
             # Case-insensitive: the gateway's x-request-id replaces an engine's own.
             headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
             headers_out.update(attempt.headers)
             headers_out["Content-Type"] = "application/json"
             return web.Response(body=raw, status=200, headers=headers_out)
-        events = EventRelay(attempt.strip_usage, attempt.usage)
+        events: Relay = (EventRelay(attempt.strip_usage, attempt.usage)
+                         if attempt.translation is None
+                         else attempt.translation.relay(attempt.usage))
         chunk = await up.readany()
         attempt.first_byte_at = time.perf_counter()
         if attempt.on_first_byte is not None:

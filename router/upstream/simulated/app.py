@@ -14,6 +14,7 @@ from policies.config import SimulatedSpec
 from policies.prefix import block_hashes, request_text
 from router.upstream.simulated.engine import FaultMode, Plan, SimEngine, error_response
 from router.upstream.simulated.metrics import CONTENT_TYPE, exposition
+from router.upstream.simulated.tools import tool_call
 
 
 def _chars(value: object) -> int:
@@ -51,7 +52,7 @@ def _plan(body: object, chat: bool, default_model: str, block_bytes: int = 0) ->
     usage = isinstance(options, dict) and options.get("include_usage") is True
     blocks = tuple(block_hashes(request_text(body), block_bytes)) if block_bytes else ()
     return Plan(chat, model, body.get("stream") is True, usage, max(1, chars // 4), max_tokens,
-                blocks)
+                blocks, tool_call(body) if chat else None)
 
 
 SIM_ENGINE = web.AppKey("sim_engine", SimEngine)

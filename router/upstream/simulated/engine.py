@@ -19,7 +19,9 @@ import orjson
 from aiohttp import web
 
 from policies.config import SimulatedSpec
+from router.upstream.simulated import tools
 from router.upstream.simulated.cache import PrefixCache
+from router.upstream.simulated.tools import ToolCall
 
 _MAX_RECORDS = 10_000
 _WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "again", "and", "so")
@@ -67,6 +69,7 @@ class Plan:
     prompt_tokens: int
     max_tokens: int | None
     blocks: tuple[int, ...] = ()  # the prompt's block hashes, when the engine caches prefixes
+    tool: ToolCall | None = None  # answer with this tool call (router.upstream.simulated.tools)
 
 
 class SimEngine:
@@ -275,6 +278,11 @@ class SimEngine:
         n, finish = self._length(plan.max_tokens)
         rid = ("chatcmpl-" if plan.chat else "cmpl-") + rec.request_id
         created = int(time.time())
+        call, call_id, parts = plan.tool, "call_" + rec.request_id, []
+        if call is not None:  # one piece of the arguments per token, cut by max_tokens
+            parts = tools.pieces(call.arguments, self._length(None)[0])
+            n, finish = min(len(parts), plan.max_tokens or len(parts)), "tool_calls"
+            finish = "length" if n < len(parts) else finish
         if stream is not None:
             first, head, tail, last = _frames(plan, rid, created, finish)
         # sleep(0) when there is no TTFT: every request yields to the loop at least once
@@ -288,7 +296,11 @@ class SimEngine:
                 await asyncio.sleep((1.0 + slowdown * (self.running - 1)) / tps)
             if self._hold_after is not None:
                 await self._pause(i)
-            if stream is not None:
+            if stream is not None and call is not None:
+                await stream.write(tools.chunk(rid, created, plan.model, call, call_id, parts[i],
+                                               i == 0, finish if i == final else None,
+                                               plan.include_usage))
+            elif stream is not None:
                 word = _WORD_JSON[i % len(_WORDS)]
                 await stream.write((head if i else first) + word + (last if i == final else tail))
             if i == 0:
@@ -311,7 +323,10 @@ class SimEngine:
             return b"data: " + orjson.dumps(answer) + b"\n\n" + _DONE
         text = _CYCLE * (n // len(_WORDS)) + _PREFIXES[n % len(_WORDS)]
         choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish}
-        if plan.chat:
+        if call is not None:
+            answer["object"] = "chat.completion"
+            choice["message"] = tools.message(call, call_id, "".join(parts[:n]))
+        elif plan.chat:
             answer["object"] = "chat.completion"
             choice["message"] = {"role": "assistant", "content": text}
         else:
