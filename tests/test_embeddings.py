@@ -39,8 +39,8 @@ def record(gw: RunningGateway, request_id: str) -> RequestRecord | None:
     return next((r for r in gw.gateway.recent if r.request_id == request_id), None)
 
 
-def embed(client: openai.AsyncOpenAI, request_id: str) -> Any:
-    return client.embeddings.create(model="chat", input=["one", "two"],
+async def embed(client: openai.AsyncOpenAI, request_id: str) -> Any:
+    return await client.embeddings.create(model="chat", input=["one", "two"],
                                     extra_headers={"X-Request-Id": request_id})
 
 
@@ -51,7 +51,8 @@ async def test_one_input_and_a_batch_get_deterministic_unit_vectors(
     client = sdk(gw)
     one = await client.embeddings.create(model="chat", input="hello world")
     assert len(one.data) == 1 and len(one.data[0].embedding) == 384  # the default size
-    assert math.isclose(math.fsum(v * v for v in one.data[0].embedding), 1.0, rel_tol=1e-6)  # float32
+    squares = math.fsum(v * v for v in one.data[0].embedding)
+    assert math.isclose(squares, 1.0, rel_tol=1e-6)  # a unit vector, sent as float32
     assert one.usage.prompt_tokens == one.usage.total_tokens > 0
     batch = await client.embeddings.create(model="chat", input=["hi", "hello world", "hi"],
                                            dimensions=64)
