@@ -3,8 +3,10 @@ the access log and `slotgate report`; and the config check of `apis`."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+import openai
 import orjson
 import pytest
 
@@ -17,6 +19,7 @@ from tests.support import (
     StartGateway,
     assert_idle,
     gateway_config,
+    hand_ledger,
     rows_of,
     sim_backend,
 )
@@ -68,8 +71,6 @@ async def test_rows_metrics_log_and_report_carry_the_api(
 
 
 def test_a_report_of_one_api_has_no_breakdown() -> None:
-    from tests.support import hand_ledger
-
     assert "apis" not in build_report(hand_ledger())
 
 
@@ -115,3 +116,24 @@ def test_apis_default_by_kind() -> None:
     config = config_from_dict(raw)
     assert config.backends["big"].served_apis == {"chat", "completions", "embeddings"}
     assert config.backends["real"].served_apis == {"chat", "completions"}
+
+
+async def test_embedding_tokens_count_against_a_key_budget(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    secret = "sk-embedder-0123456789"
+    raw = gateway_config(sim_backend("m", slots=1, apis=["embeddings"]))
+    raw["auth"] = {"enabled": True, "keys": [
+        {"id": "embedder", "tenant": "t", "sha256": hashlib.sha256(secret.encode()).hexdigest(),
+         "budgets": [{"period": "day", "tokens": 40}]}]}
+    gw = await start(raw)
+    client = sdk(gw, api_key=secret)
+    used = 0
+    while used < 40:
+        answer = await client.embeddings.create(model="chat", input=["x" * 40, "y" * 40])
+        used += answer.usage.total_tokens  # 20 a request: prompt tokens only
+    assert used == 40
+    with pytest.raises(openai.RateLimitError) as over:
+        await client.embeddings.create(model="chat", input="z")
+    assert over.value.body["code"] == "budget_exceeded"  # type: ignore[index]
+    await assert_idle(gw)
