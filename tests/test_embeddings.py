@@ -223,3 +223,25 @@ async def test_a_client_that_leaves_frees_its_place(
     gone = record(gw, "leaver" if where is Phase.QUEUED else "first")
     assert gone is not None and gone.disconnect is where and gone.api == "embeddings"
     await assert_idle(gw)
+
+
+async def test_a_sheddable_embedding_waits_behind_a_standard_one(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    gw = await start(embed_config(slots=1, queue_limit=4))
+    sim = engine(gw)
+    sim.hold()
+    holder = asyncio.create_task(embed(sdk(gw), "holder"))
+    await sim.wait_until(lambda e: e.held == 1)
+    batch = asyncio.create_task(sdk(gw).embeddings.create(
+        model="chat", input="later", extra_headers={"X-Request-Id": "batch",
+                                                    "X-Slotgate-Priority": "sheddable"}))
+    await wait_pools(gw, lambda state: state["big"] == (1, 1))
+    normal = asyncio.create_task(embed(sdk(gw), "normal"))
+    await wait_pools(gw, lambda state: state["big"] == (1, 2))
+    sim.release()
+    await asyncio.gather(holder, batch, normal)
+    served = sorted((r for r in gw.gateway.recent if r.slot_at), key=lambda r: r.slot_at or 0)
+    assert [r.request_id for r in served] == ["holder", "normal", "batch"]
+    assert [r.priority for r in served] == ["standard", "standard", "sheddable"]
+    await assert_idle(gw)
