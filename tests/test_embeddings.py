@@ -94,6 +94,7 @@ async def test_base64_is_the_float32_vector(sdk: SdkClients, start: StartGateway
     ({"input": [[1, 2], []]}, "input"),
     ({"input": [-1]}, "input"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x", "encoding_format": {}}, "encoding_format"),  # unhashable: found by fuzzing
     ({"input": "x", "dimensions": 0}, "dimensions"),
     ({"input": "x", "dimensions": True}, "dimensions"),
     ({"input": "x", "user": 7}, "user"),

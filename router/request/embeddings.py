@@ -24,7 +24,7 @@ def embeddings_problem(body: dict[str, Any], max_inputs: int) -> Problem | None:
     if problem is not None:
         return problem
     encoding = body.get("encoding_format")
-    if encoding is not None and encoding not in ENCODINGS:
+    if encoding is not None and not (isinstance(encoding, str) and encoding in ENCODINGS):
         return ("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
     dimensions = body.get("dimensions")
     if dimensions is not None and (type(dimensions) is not int or dimensions < 1):
