@@ -246,3 +246,26 @@ async def test_a_sheddable_embedding_waits_behind_a_standard_one(
     assert [r.request_id for r in served] == ["holder", "normal", "batch"]
     assert [r.priority for r in served] == ["standard", "standard", "sheddable"]
     await assert_idle(gw)
+
+
+async def test_embeddings_are_never_steered_by_intent(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    """A route that steers every simple chat request (`when: always`) to a fallback that
+    embeds too: an embedding stays on the primary, and the classifier never runs for it."""
+    raw = gateway_config(sim_backend("both", slots=2), sim_backend("small", slots=2))
+    raw["routes"]["chat"]["fallback"] = {"when": "always", "min_confidence": 0.0}
+    gw = await start(raw)
+    client = sdk(gw)
+    for i in range(3):
+        await client.embeddings.create(model="chat", input="hello, how are you?",
+                                       extra_headers={"X-Request-Id": f"e{i}"})
+    chat = await client.chat.completions.with_raw_response.create(
+        model="chat", messages=MESSAGES, extra_headers={"X-Request-Id": "c"})
+    assert chat.headers["x-slotgate-backend"] == "small"  # the route does steer chat
+    for i in range(3):
+        rec = record(gw, f"e{i}")
+        assert rec is not None and (rec.backend, rec.reason, rec.intent) == (
+            "big", "primary", None)
+    assert engine(gw, "small").records.keys() == {"c"}
+    await assert_idle(gw)
