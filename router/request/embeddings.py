@@ -35,14 +35,6 @@ def embeddings_problem(body: dict[str, Any], max_inputs: int) -> Problem | None:
     return None
 
 
-def input_count(value: object) -> int:
-    """How many embeddings `input` asks for (a valid one): one per text or token list."""
-    if isinstance(value, str) or (isinstance(value, list) and value
-                                  and type(value[0]) is int):
-        return 1
-    return len(value) if isinstance(value, list) else 0
-
-
 def _input_problem(value: object, max_inputs: int) -> Problem | None:
     shape = ("'input' is required: a string, an array of strings, an array of token ids "
              "or an array of token-id arrays, none empty.", "input")
