@@ -16,6 +16,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from policies.apis import Api
+
 # Output budget assumed when the request sets no max_tokens, for the context-window check.
 DEFAULT_OUTPUT_TOKENS = 1024
 
@@ -32,9 +34,11 @@ ALL_CAPABILITIES: frozenset[Capability] = frozenset(Capability)
 
 
 class Lack(enum.StrEnum):
-    """Why a backend cannot serve a request: a capability it has not, or too small a window.
-    Its value ends the route reason of a request a lack kept in place (`primary:needs:...`)."""
+    """Why a backend cannot serve a request: the request's API, a capability it has not, or
+    too small a window. Its value ends the route reason of a request a lack kept in place
+    (`primary:needs:...`)."""
 
+    API = "api"
     TOOLS = "tools"
     VISION = "vision"
     JSON_SCHEMA = "json_schema"
@@ -47,24 +51,28 @@ class Needs:
 
     capabilities: frozenset[Capability] = frozenset()
     tokens: int = 0  # prompt estimate + output budget (max_tokens, else the default)
+    api: Api | None = None  # the client API it came on (None: any backend's will do)
 
 
 @dataclass(frozen=True, slots=True)
 class Ability:
-    """What a backend offers: its capabilities and its context window (None: unknown,
-    taken as large enough)."""
+    """What a backend offers: its capabilities, its context window (None: unknown,
+    taken as large enough) and the client APIs it serves."""
 
     capabilities: frozenset[Capability] = ALL_CAPABILITIES
     context_window: int | None = None
+    apis: frozenset[Api] = frozenset(Api)
 
 
 _IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 _TOOL_ROLES = frozenset({"tool", "function"})
 
 
-def needs_of(body: Mapping[str, Any], prompt_tokens: int, max_tokens: int | None) -> Needs:
+def needs_of(body: Mapping[str, Any], prompt_tokens: int, max_tokens: int | None,
+             api: Api | None = None) -> Needs:
     """What the request in `body` needs; `prompt_tokens` is its prompt's estimate
-    (`estimate_tokens`), `max_tokens` its output cap (None: the default budget)."""
+    (`estimate_tokens`), `max_tokens` its output cap (None: the default budget), `api` the
+    client API it came on."""
     wanted: set[Capability] = set()
     if _nonempty(body.get("tools")) or _nonempty(body.get("functions")):
         wanted.add(Capability.TOOLS)
@@ -74,7 +82,7 @@ def needs_of(body: Mapping[str, Any], prompt_tokens: int, max_tokens: int | None
     messages = body.get("messages")
     if isinstance(messages, list):
         wanted |= _message_needs(messages)
-    return Needs(frozenset(wanted), size(prompt_tokens, max_tokens))
+    return Needs(frozenset(wanted), size(prompt_tokens, max_tokens), api)
 
 
 def size(prompt_tokens: int, max_tokens: int | None) -> int:
@@ -105,6 +113,8 @@ def _message_needs(messages: Iterable[object]) -> set[Capability]:
 def lack(needs: Needs, ability: Ability) -> Lack | None:
     """The first thing (in `Lack` order) the backend lacks to serve the request; None when
     it serves it."""
+    if needs.api is not None and needs.api not in ability.apis:
+        return Lack.API
     for capability in Capability:  # tools, vision, json_schema: a fixed, documented order
         if capability in needs.capabilities and capability not in ability.capabilities:
             return Lack(capability.value)

@@ -23,6 +23,7 @@ import enum
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
+from policies.apis import Api
 from policies.capabilities import (
     ALL_CAPABILITIES,
     Ability,
@@ -54,10 +55,11 @@ class RequestFacts:
     prompt_tokens: int
     max_tokens: int | None
     capabilities: frozenset[Capability] = frozenset()  # what it needs beyond plain chat
+    api: Api | None = None  # the client API it came on (None: any backend's will do)
 
     @property
     def needs(self) -> Needs:
-        return Needs(self.capabilities, size(self.prompt_tokens, self.max_tokens))
+        return Needs(self.capabilities, size(self.prompt_tokens, self.max_tokens), self.api)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +69,11 @@ class Candidate:
     pool: PoolSnapshot
     context_window: int | None
     capabilities: frozenset[Capability] = ALL_CAPABILITIES
+    apis: frozenset[Api] = frozenset(Api)
 
     @property
     def ability(self) -> Ability:
-        return Ability(self.capabilities, self.context_window)
+        return Ability(self.capabilities, self.context_window, self.apis)
 
 
 @dataclass(frozen=True, slots=True)

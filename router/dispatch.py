@@ -21,8 +21,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from classifier.text import request_text
 from policies import fallback
 from policies.admission import RejectReason
+from policies.apis import GENERATIVE_APIS, Api
 from policies.breaker import Blame
-from policies.config import RouteConfig
+from policies.config import FallbackWhen, RouteConfig, RouteFallbackConfig
 from policies.failures import FailureKind
 from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
@@ -62,11 +63,10 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     config = gw.config  # one config for the whole request, whatever a reload does meanwhile
     own = new_id()
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
-                        time.time(), own,
+                        time.time(), own, endpoint.api.value,
                         tenant=None if gw.keyring.enabled else key_id(request))
     dialect = DIALECTS.get(endpoint, OPENAI)
     exchange = Exchange(request, gw, rec, config, dialect)
-    # TODO(api field): rec.api = "messages" for Endpoint.MESSAGES, once RequestRecord has it
     failed: FailureKind | None = None  # how the upstream exchange failed, if it did
     gw.enter(request.task)
     try:
@@ -93,6 +93,9 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         if route is None:
             raise ApiError(404, f"The model '{parsed.model}' does not exist.",
                            code="model_not_found", param="model")
+        # A translated API is served by the engines' own (Messages: chat completions).
+        route = fitted(route, parsed.endpoint, config.backends[route.primary].served_apis,
+                       parsed.model, endpoint)
         window = config.backends[route.primary].context_window
         if parsed.max_tokens is not None and window is not None and parsed.max_tokens > window:
             raise ApiError(400, f"max_tokens ({parsed.max_tokens}) exceeds the model's context "
@@ -163,6 +166,25 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                 log.info(orjson.dumps(line).decode())
             else:
                 log.info(orjson.dumps(rec).decode())
+
+
+def fitted(route: RouteConfig, endpoint: Endpoint, served: frozenset[Api],
+           model: str, asked: Endpoint | None = None) -> RouteConfig:
+    """The route as a request sent upstream on `endpoint` runs it (`asked`: the endpoint
+    the client called, when it was translated): refused when its primary does not serve
+    that API (`served`); never steered by intent when the API carries no text the
+    classifier reads (embeddings): overflow alone may use the fallbacks."""
+    api = endpoint.api
+    if api not in served:
+        raise ApiError(400, f"The model '{model}' does not serve {(asked or endpoint).value} "
+                       f"(it serves: {', '.join(sorted(served))}).", code="unsupported_api",
+                       param="model")
+    if api in GENERATIVE_APIS or route.fallback.when is FallbackWhen.NEVER:
+        return route
+    return route.model_copy(update={"fallback": _NEVER})
+
+
+_NEVER = RouteFallbackConfig(when=FallbackWhen.NEVER)
 
 
 async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
@@ -256,7 +278,8 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         ex.gw.metrics.held(lease.pool, held_s)
         if work:
             unplaced(backend, lease, work)
-        learn(backend.answers, ex.rec, parsed.max_tokens)  # before the waiters' forecasts
+        if parsed.endpoint.api in GENERATIVE_APIS:  # an embedding is no answer to learn from
+            learn(backend.answers, ex.rec, parsed.max_tokens)  # before the waiters' forecasts
         await lease.release()
 
 

@@ -59,7 +59,8 @@ class Exchange:
     def needs(self, parsed: ParsedRequest) -> Needs:
         """What the request needs of a backend (worked out once, when first asked)."""
         if self._needs is None:
-            self._needs = needs_of(parsed.body, self.prompt_tokens(parsed), parsed.max_tokens)
+            self._needs = needs_of(parsed.body, self.prompt_tokens(parsed), parsed.max_tokens,
+                                   parsed.endpoint.api)
         return self._needs
 
     def able(self, parsed: ParsedRequest, primary: str) -> Capable:

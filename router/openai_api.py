@@ -26,8 +26,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from policies.apis import Api
 from policies.config import ServerConfig
 from router.request.body import BodyHold
+from router.request.embeddings import embeddings_problem
 from router.request.json_bounds import check_bounds
 
 
@@ -35,6 +37,16 @@ class Endpoint(enum.StrEnum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     MESSAGES = "/v1/messages"  # Anthropic's, translated to chat (router.apis.anthropic)
+    EMBEDDINGS = "/v1/embeddings"
+
+    @property
+    def api(self) -> Api:
+        """The client API this endpoint serves (a metric label, a ledger column)."""
+        return _APIS[self]
+
+
+_APIS = {Endpoint.CHAT: Api.CHAT, Endpoint.COMPLETIONS: Api.COMPLETIONS,
+         Endpoint.EMBEDDINGS: Api.EMBEDDINGS, Endpoint.MESSAGES: Api.MESSAGES}
 
 
 @dataclass(eq=False)
@@ -218,6 +230,10 @@ def parse_request(raw: bytes, endpoint: Endpoint,
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a non-empty string.", "model")
 
+    if endpoint is Endpoint.EMBEDDINGS:
+        if (problem := embeddings_problem(body, limits.max_embedding_inputs)) is not None:
+            raise invalid(*problem)
+        return ParsedRequest(endpoint, body, model, False, False, None, raw)
     if endpoint is Endpoint.CHAT:
         _check_messages(body.get("messages"), limits.max_messages)
         prompts = 1

@@ -41,6 +41,7 @@ class RequestRecord:
     started_at: float  # time.perf_counter(): durations, not deadlines (uvloop's clock is in ms)
     ts: float  # time.time() on arrival
     row_id: str  # the ledger's key: ours, unique even when clients reuse request ids
+    api: str = "chat"  # the client API (policies.apis.Api), from the endpoint it came on
     route: str | None = None
     primary: str | None = None  # the route's primary: the counterfactual's backend
     experiment: str | None = None

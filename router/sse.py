@@ -40,6 +40,8 @@ class Usage:
         if isinstance(usage, dict):
             prompt = usage.get("prompt_tokens")
             completion = usage.get("completion_tokens")
+            if completion is None and "total_tokens" in usage:
+                completion = 0  # an embedding's usage: prompt and total tokens only
             if isinstance(prompt, int) and isinstance(completion, int):
                 self.prompt_tokens = prompt
                 self.completion_tokens = completion

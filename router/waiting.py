@@ -122,6 +122,7 @@ def classify(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Request
         ex.facts = RequestFacts(
             prediction.intent, p_simple,
             ex.prompt_tokens(parsed), parsed.max_tokens, ex.needs(parsed).capabilities,
+            parsed.endpoint.api,
         )
         rec.intent, rec.p_simple = ex.facts.intent, round(ex.facts.p_simple, 4)
     return ex.facts
@@ -132,7 +133,7 @@ def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Sta
     facts, gw, backends = classify(ex, parsed, route), ex.gw, ex.config.backends
     candidates = [
         Candidate(gw.backends[name].pool.snapshot(), backends[name].context_window,
-                  frozenset(backends[name].capabilities))
+                  frozenset(backends[name].capabilities), backends[name].served_apis)
         for name in route.fallbacks
     ]
     return steer_by_intent(facts, gw.backends[route.primary].pool.snapshot(), candidates,

@@ -25,16 +25,19 @@ async def test_serve_embedded_config_answers_and_stops_on_sigterm(tmp_path: Path
         url = line.decode().split("listening on ")[1].split()[0]
         async with AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
             models = await client.models.list()
-            assert {m.id for m in models.data} == {"llama-70b", "llama-8b"}
+            assert {m.id for m in models.data} == {"llama-70b", "llama-8b", "embed-small"}
             reply = await client.chat.completions.create(
                 model="llama-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+            vectors = await client.embeddings.create(model="embed-small", input="hi")
         assert reply.usage is not None and reply.usage.completion_tokens == 3
+        assert len(vectors.data[0].embedding) == 384  # out of the box: make run embeds
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             assert await proc.wait() == 0
         with sqlite3.connect(tmp_path / "slotgate-ledger.sqlite3") as db:  # flushed on SIGTERM
-            rows = db.execute("SELECT route, status, completion_tokens FROM requests").fetchall()
-        assert rows == [("llama-8b", 200, 3)]
+            rows = db.execute("SELECT route, status, completion_tokens, api FROM requests "
+                              "ORDER BY ts").fetchall()
+        assert rows == [("llama-8b", 200, 3, "chat"), ("embed-small", 200, 0, "embeddings")]
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from policies.apis import Api
 from policies.config import Config, Overflow, cross_check
 from router.config import (
     DEFAULT_CONFIG_PATH,
@@ -98,10 +99,13 @@ def bad_problems() -> list[ConfigProblem]:
 def test_shipped_config_loads() -> None:
     assert DEFAULT_CONFIG_PATH == PROJECT / "config.yaml"
     for config in (load_config(), load_config(DEFAULT_CONFIG_PATH)):
-        assert sorted(config.backends) == ["llama-70b", "llama-8b"]
-        assert sorted(config.routes) == ["llama-70b", "llama-8b"]
+        assert sorted(config.backends) == ["embed-small", "llama-70b", "llama-8b"]
+        assert sorted(config.routes) == ["embed-small", "llama-70b", "llama-8b"]
         assert config.routes["llama-70b"].fallbacks == ("llama-8b",)
         assert config.routes["llama-8b"].overflow is Overflow.REJECT
+        assert config.backends["embed-small"].served_apis == {Api.EMBEDDINGS}
+        assert config.backends["llama-8b"].served_apis == {Api.CHAT, Api.COMPLETIONS,
+                                                           Api.EMBEDDINGS}  # simulated
 
 
 @pytest.mark.parametrize(("path", "line", "words"), EXPECTED, ids=[e[0] for e in EXPECTED])
@@ -275,7 +279,7 @@ def test_check_main_good(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     good.write_text(DEFAULT_CONFIG_PATH.read_text())
     assert check_main([str(good)]) == 0
     out, err = capsys.readouterr()
-    assert out == f"{good}: OK (2 backends, 2 routes)\n"
+    assert out == f"{good}: OK (3 backends, 3 routes)\n"
     assert err == ""
 
 

@@ -192,7 +192,36 @@ async def test_a_ledger_without_objectives_is_migrated_in_place(ledger_target: s
         assert len(await reopened.fetch(RowFilter())) == 2
     finally:
         await reopened.close()
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION >= 4
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/other"])
+async def test_a_ledger_without_apis_is_migrated_in_place(ledger_target: str,
+                                                          path: str) -> None:
+    """Step 5 on a ledger of schema 4: a row written before it gets its API from its path
+    (None for a path of no known API); new rows keep theirs."""
+    old = row(1, endpoint=path, priority="standard")
+    await _make_old_ledger(ledger_target, old, version=4, first_new="api")
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        kept = row(2, endpoint="/v1/embeddings", api="embeddings", completion_tokens=0)
+        await store.write([kept])
+        got = await store.fetch(RowFilter())
+        migrated = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+        assert [(r.id, r.api) for r in got] == [("row-1", migrated.get(path)),
+                                                ("row-2", "embeddings")]
+        assert got[0] == row(1, endpoint=path, priority="standard", api=migrated.get(path))
+        assert got[1] == kept
+    finally:
+        await store.close()
+    reopened = open_store(ledger_target)  # a restart finds every step done
+    await reopened.open()
+    try:
+        assert len(await reopened.fetch(RowFilter())) == 2
+    finally:
+        await reopened.close()
+    assert SCHEMA_VERSION == 5
 
 
 async def test_spend_per_key_since_a_time(ledger_target: str) -> None:

@@ -279,3 +279,21 @@ async def test_the_ledger_and_metrics_count_messages_like_chat(
     assert rec.endpoint == "/v1/messages" and rec.status == 200 and rec.backend == "big"
     assert rec.completion_tokens == 5 and not rec.tokens_estimated
     await assert_idle(gw)
+
+
+async def test_messages_are_served_by_engines_that_speak_chat_and_refused_elsewhere(
+        claude: AnthropicClients, start: StartGateway) -> None:
+    """A Messages request is chat upstream: a backend serving chat takes it (it need not
+    list `messages`); one that only embeds refuses it, in Anthropic's shape."""
+    raw = gateway_config(sim_backend("m", slots=1, apis=["chat"]))
+    raw["backends"]["vectors"] = sim_backend("e", slots=1, apis=["embeddings"])
+    raw["routes"]["vectors"] = {"primary": "vectors"}
+    gw = await start(raw)
+    answer = await claude(gw).messages.create(model="chat", max_tokens=8, messages=ASK)
+    assert answer.content and answer.stop_reason == "end_turn"
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await claude(gw).messages.create(model="vectors", max_tokens=8, messages=ASK)
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "/v1/messages" in refused.value.message
+    assert engine(gw, "vectors").records == {}
+    await assert_idle(gw)

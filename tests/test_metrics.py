@@ -54,11 +54,11 @@ async def test_metrics_follow_ten_users_on_three_slots(
     assert value(after, "llm_queue_wait_time_seconds_count", backend="big") == 5
     assert value(after, "llm_slot_holding_time_seconds_count", backend="big") == 8
     assert value(after, "slotgate_requests_total", route="chat", backend="big",
-                 status_class="2xx") == 8
+                 status_class="2xx", api="chat") == 8
     assert value(after, "slotgate_requests_total", route="chat", backend="none",
-                 status_class="4xx") == 2
+                 status_class="4xx", api="chat") == 2
     assert value(after, "slotgate_tokens_total", backend="big", direction="out") == 8 * 8
-    assert value(after, "slotgate_ttft_seconds_count", backend="big") == 8
+    assert value(after, "slotgate_ttft_seconds_count", backend="big", api="chat") == 8
 
 
 async def test_replicas_are_counted_per_endpoint_and_picks_start_at_zero(

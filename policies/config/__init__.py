@@ -115,6 +115,7 @@ class Config(StrictModel):
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Self:
         # One pydantic error per problem, each at its own key path, so callers can point at it.
+        apis = {name: backend.served_apis for name, backend in self.backends.items()}
         errors = [
             InitErrorDetails(
                 type=PydanticCustomError(CROSS_REFERENCE, "{message}", {"message": message}),
@@ -122,8 +123,8 @@ class Config(StrictModel):
                 input=None,
             )
             for loc, message in [
-                *cross_check(self.backends.keys(), self.routes),
-                *check_experiments(self.experiments, self.backends.keys(), self.routes),
+                *cross_check(self.backends.keys(), self.routes, apis),
+                *check_experiments(self.experiments, self.backends.keys(), self.routes, apis),
                 *self._group_problems(),
             ]
         ]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, HttpUrl, model_validator
+from pydantic import Field, HttpUrl, field_validator, model_validator
 
+from policies.apis import DEFAULT_APIS, SIMULATED_APIS, Api
 from policies.capabilities import Ability, Capability
 from policies.config.base import PositiveSeconds, StrictModel
 from policies.pick import EPSILON, PickMode
@@ -146,6 +147,9 @@ class BackendConfig(StrictModel):
     # What the model serves beyond plain chat; a request needing one it lacks is never
     # moved here (steering, overflow, failover). Default: all, as before the key existed.
     capabilities: tuple[Capability, ...] = Field(default=tuple(Capability), max_length=16)
+    # The client APIs its engines serve natively; a request for another is never sent here.
+    # Default: chat and completions (a simulated backend: embeddings too).
+    apis: tuple[Api, ...] | None = Field(default=None, min_length=1, max_length=16)
     api_key_env: str | None = Field(default=None, pattern=ENV_NAME)
     connect_timeout_s: PositiveSeconds = 5.0
     first_byte_timeout_s: PositiveSeconds = 60.0
@@ -187,10 +191,26 @@ class BackendConfig(StrictModel):
             raise ValueError("endpoint names must be unique within a backend")
         return self
 
+    @field_validator("apis")
+    @classmethod
+    def _apis_once(cls, apis: tuple[Api, ...] | None) -> tuple[Api, ...] | None:
+        if apis is not None and len(apis) != len(set(apis)):
+            raise ValueError("each API is listed once")
+        return apis
+
+    @property
+    def served_apis(self) -> frozenset[Api]:
+        """The APIs it serves: as configured, else the default for its kind."""
+        if self.apis is not None:
+            return frozenset(self.apis)
+        simulated = self.simulated is not None or (
+            self.endpoints is not None and all(e.simulated is not None for e in self.endpoints))
+        return SIMULATED_APIS if simulated else DEFAULT_APIS
+
     @property
     def ability(self) -> Ability:
         """What this backend serves, as `policies.capabilities` reads it."""
-        return Ability(frozenset(self.capabilities), self.context_window)
+        return Ability(frozenset(self.capabilities), self.context_window, self.served_apis)
 
     def replicas(self, backend: str) -> tuple[EndpointConfig, ...]:
         """The group's endpoints with their names; `url` or `simulated` alone is a group of

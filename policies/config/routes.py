@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from policies.apis import GENERATIVE_APIS, Api
 from policies.config.base import Loc, Overflow, StrictModel
 from policies.config.slo import RouteSloConfig
 
@@ -54,9 +55,11 @@ class RouteConfig(StrictModel):
 
 
 def cross_check(
-    backends: Collection[str], routes: Mapping[str, RouteConfig]
+    backends: Collection[str], routes: Mapping[str, RouteConfig],
+    apis: Mapping[str, frozenset[Api]] | None = None,
 ) -> list[tuple[Loc, str]]:
-    """Problems between sections, each with the key path it is about (empty if none)."""
+    """Problems between sections, each with the key path it is about (empty if none);
+    with `apis` (what each backend serves), the routes' APIs are checked too."""
     known = ", ".join(backends) or "none"
     problems: list[tuple[Loc, str]] = []
     for name, route in routes.items():
@@ -64,6 +67,8 @@ def cross_check(
             problems.append(
                 (("routes", name, "primary"), f"unknown backend {route.primary!r} (known: {known})")
             )
+        elif apis is not None:
+            problems.extend(_api_problems(name, route, apis))
         if route.fallback.when is not FallbackWhen.NEVER and not route.fallbacks:
             problems.append(
                 (("routes", name, "fallback", "when"),
@@ -79,6 +84,25 @@ def cross_check(
             elif target not in backends:
                 problems.append((loc, f"unknown backend {target!r} (known: {known})"))
             seen.setdefault(target, index)
+    return problems
+
+
+def _api_problems(name: str, route: RouteConfig,
+                  apis: Mapping[str, frozenset[Api]]) -> list[tuple[Loc, str]]:
+    """An embeddings-only primary is never steered (the classifier reads no text to embed),
+    and a fallback must serve one of the primary's APIs to ever take its requests."""
+    problems: list[tuple[Loc, str]] = []
+    served = apis.get(route.primary, frozenset())
+    if (route.fallback.when is not FallbackWhen.NEVER and Api.EMBEDDINGS in served
+            and not served & GENERATIVE_APIS):
+        problems.append((("routes", name, "fallback", "when"),
+                         f"{route.primary!r} serves only embeddings: intent steering does "
+                         "not apply to them; use 'never' (overflow still uses 'fallbacks')"))
+    for index, target in enumerate(route.fallbacks):
+        if target in apis and target != route.primary and not apis[target] & served:
+            problems.append((("routes", name, "fallbacks", index),
+                             f"{target!r} serves none of the APIs of the primary "
+                             f"{route.primary!r} ({', '.join(sorted(served))})"))
     return problems
 
 
@@ -132,7 +156,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 def check_experiments(
     experiments: Mapping[str, ExperimentConfig], backends: Collection[str],
-    routes: Mapping[str, RouteConfig],
+    routes: Mapping[str, RouteConfig], apis: Mapping[str, frozenset[Api]] | None = None,
 ) -> list[tuple[Loc, str]]:
     """Each enabled experiment names a route, at most one per route, and every arm's
     route passes the same checks as a configured one."""
@@ -153,7 +177,7 @@ def check_experiments(
                              f"route {exp.route!r} is already split by {claimed[exp.route]!r}"))
         claimed.setdefault(exp.route, name)
         for arm_name, arm in exp.arms.items():
-            for loc, message in cross_check(backends, {exp.route: arm.apply(route)}):
+            for loc, message in cross_check(backends, {exp.route: arm.apply(route)}, apis):
                 where: Loc = ("experiments", name, "arms", arm_name, *loc[2:])
                 problems.append((where, message))
     return problems

@@ -34,6 +34,7 @@ class ServerConfig(StrictModel):
     max_inflight_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1024,
                                          le=64 * 1024 * 1024 * 1024)
     max_sequences: int = Field(default=1, ge=1, le=128)  # n x best_of x prompts per request
+    max_embedding_inputs: int = Field(default=2048, ge=1, le=1_000_000)  # texts per request
     # Connection limits (router/server/connections.py), applied when the server starts.
     head_timeout_s: float = Field(default=10.0, gt=0, le=300)
     keepalive_timeout_s: float = Field(default=75.0, gt=0, le=3600)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.apis import Api
 from policies.config import Config, Public
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -89,12 +90,38 @@ def _messages(models: list[str], count: bool) -> dict[str, Any]:
     }
 
 
+def _embeddings(models: list[str]) -> dict[str, Any]:
+    """One text, texts, token ids or lists of them; no `stream` (400)."""
+    text: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 2000}
+    tokens: dict[str, Any] = {"type": "array", "minItems": 1, "maxItems": 64,
+                              "items": {"type": "integer", "minimum": 0, "maximum": 100_000}}
+    properties: dict[str, Any] = {
+        "model": {"type": "string", "enum": models},
+        "input": {"oneOf": [text, {"type": "array", "minItems": 1, "maxItems": 16,
+                                   "items": text},
+                            tokens, {"type": "array", "minItems": 1, "maxItems": 8,
+                                     "items": tokens}]},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": {"type": "integer", "minimum": 1, "maximum": 4096},
+        "user": {"type": "string", "maxLength": 64},
+    }
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model", "input"], "properties": properties,
+            "additionalProperties": True}}}},
+        "responses": {"200": {"description": "the engine's embeddings (JSON)"},
+                      **_errors(400, 404, 408, 413, 415, 429, 502, 503, 504)},
+    }
+
+
 def _get(description: str, *errors: int) -> dict[str, Any]:
     return {"get": {"responses": {"200": {"description": description}, **_errors(*errors)}}}
 
 
 def openapi(config: Config) -> dict[str, Any]:
     models = sorted(config.routes)
+    embedders = sorted(name for name, route in config.routes.items()
+                       if Api.EMBEDDINGS in config.backends[route.primary].served_apis)
     when = {"type": "string", "maxLength": 40}
     report = _get("the cost report (slotgate report --json)", 400, 404)
     report["get"]["parameters"] = [
@@ -109,6 +136,7 @@ def openapi(config: Config) -> dict[str, Any]:
             "/v1/completions": {"post": _completion("completions", models)},
             "/v1/messages": {"post": _messages(models, count=False)},
             "/v1/messages/count_tokens": {"post": _messages(models, count=True)},
+            "/v1/embeddings": {"post": _embeddings(embedders or models)},
             "/v1/models": _get("the public model names"),
             "/healthz": _get("alive"),
             "/readyz": _get("ready to serve", 503),

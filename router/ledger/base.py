@@ -61,6 +61,9 @@ class LedgerRow:
     priority: str | None = None
     slo_ttft_ms: float | None = None
     predicted_ttft_ms: float | None = None
+    # The client API (chat, completions, embeddings, ...); rows written before the ledger
+    # kept it have it from their endpoint (migration 5), or None for another endpoint.
+    api: str | None = None
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))

@@ -36,6 +36,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (3, ("ALTER TABLE requests ADD COLUMN replica TEXT",)),  # rows before it: NULL
     (4, tuple(f"ALTER TABLE requests ADD COLUMN {name} {_TYPES.get(name, 'TEXT')}"
               for name in ("priority", "slo_ttft_ms", "predicted_ttft_ms"))),  # before: NULL
+    (5, ("ALTER TABLE requests ADD COLUMN api TEXT",  # the rows before it: from their path
+         "UPDATE requests SET api = CASE endpoint WHEN '/v1/chat/completions' THEN 'chat' "
+         "WHEN '/v1/completions' THEN 'completions' END")),
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

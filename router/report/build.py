@@ -28,6 +28,9 @@ requests. Rows of a backend that reached no engine (rejected or timed out in the
 written before the ledger kept the replica) form the replica "(none)". With one engine per
 backend the key is absent, so such a report is the same as before the ledger kept replicas.
 
+Client APIs: "apis" holds each API's figures over all arms when the rows hold more than
+one (router/report/apis.py).
+
 TTFT objectives: "slo" holds each arm's and each class's attainment (router/report/slo.py
 defines it), absent when no row has an objective.
 
@@ -53,6 +56,7 @@ from numpy.typing import NDArray
 from policies.admission import RejectReason
 from policies.failures import FailureKind, code
 from router.ledger.base import LedgerRow
+from router.report.apis import api_breakdown
 from router.report.slo import slo_breakdown
 
 NONE_GROUP = "(none)"
@@ -119,6 +123,8 @@ def build_report(
         report["replicas"] = replicas
     if (slo := slo_breakdown(rows)) is not None:  # TTFT objectives: router/report/slo.py
         report["slo"] = slo
+    if (apis := api_breakdown(rows, group_stats)) is not None:  # router/report/apis.py
+        report["apis"] = apis
     return report
 
 

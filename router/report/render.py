@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from router.report.apis import api_html, api_text
 from router.report.charts import cost_chart, share_chart, wait_chart
 from router.report.slo_tables import CSV_HEADINGS, slo_csv, slo_html, slo_text
 
@@ -141,7 +142,8 @@ def render_text(report: dict[str, Any]) -> str:
         for scope, arm, backend, figures in groups(report):
             label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
             lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
-    lines += _text_replicas(report) + slo_text(report) + _text_comparisons(report)
+    lines += _text_replicas(report) + api_text(report) + slo_text(report)
+    lines += _text_comparisons(report)
     lines += _text_timeseries(report)
     return "\n".join(lines) + "\n"
 
@@ -270,6 +272,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts += [f"<h2>{escape(name)}</h2>", _html_groups(report, columns)]
     if replicas:
         parts += [f"<h2>{escape(REPLICAS_TITLE)}</h2>", _html_replicas(replicas)]
+    if apis := api_html(report):
+        parts.append(apis)
     if slo := slo_html(report):
         parts.append(slo)
     parts.append("</body></html>\n")

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from policies.answers import AnswerModel
+from policies.apis import GENERATIVE_APIS
 from policies.failures import FailureKind
 from policies.pricing import SlotTimeModel
 from router.record import Phase
@@ -73,7 +74,8 @@ def settle(books: Books, rec: RequestRecord, callers_known: bool,
         return
     books.recent.append(rec)
     backend = books.backends.get(rec.backend) if rec.backend is not None else None
-    if backend is not None and rec.status == 200 and not rec.tokens_estimated:
+    if (backend is not None and rec.status == 200 and not rec.tokens_estimated
+            and rec.api in GENERATIVE_APIS):  # an embedding's slot time is no answer's
         backend.slot_time.observe(rec.completion_tokens or 0, rec.slot_ms / 1000)
     if books.ledger is None and not rec.quota_held:
         return

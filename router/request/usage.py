@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from classifier.text import request_text
+from policies.apis import Api
 from policies.capabilities import estimate_tokens
 from policies.config import Config
 from policies.pricing import SlotTimeModel, request_cost
 from router.ledger.base import LedgerRow
+from router.request.embeddings import input_text
 
 if TYPE_CHECKING:
     from router.openai_api import ParsedRequest
@@ -54,7 +56,7 @@ def ledger_row(rec: RequestRecord, config: Config,
         completion_tokens=completion, tokens_estimated=rec.tokens_estimated,
         cost=cost, counterfactual_cost=counterfactual, key_id=rec.key_id,
         replica=rec.replica, priority=rec.priority, slo_ttft_ms=rec.slo_ttft_ms,
-        predicted_ttft_ms=rec.predicted_ttft_ms,
+        predicted_ttft_ms=rec.predicted_ttft_ms, api=rec.api,
     )
 
 
@@ -65,6 +67,7 @@ def count_tokens(rec: RequestRecord, parsed: ParsedRequest, usage: Usage) -> Non
         rec.completion_tokens = usage.completion_tokens
         return
     rec.tokens_estimated = True
-    text = request_text(parsed.body)
+    text = (input_text(parsed.body.get("input")) if parsed.endpoint.api is Api.EMBEDDINGS
+            else request_text(parsed.body))
     rec.prompt_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
     rec.completion_tokens = usage.seen_events if parsed.stream else usage.completion_tokens

@@ -1,7 +1,8 @@
 """Every Prometheus collector, in one place, on a registry owned by one gateway.
 
 Label values come from the config (backend and route names) or from closed sets
-(reasons, phases, status classes), never from a request, so cardinality is bounded.
+(reasons, phases, status classes, client APIs), never from a request, so cardinality is
+bounded.
 """
 
 from __future__ import annotations
@@ -51,13 +52,13 @@ class Metrics:
                                   ["backend", "reason"], registry=r)
         # The rest, in Prometheus naming.
         self.requests = Tally("slotgate_requests", "Requests answered",
-                              ["route", "backend", "status_class"])
+                              ["route", "backend", "status_class", "api"])
         self.fallbacks = Counter("slotgate_fallbacks", "Requests sent to a fallback",
                                  ["from", "to", "intent"], registry=r)
         self.classifier = Histogram("slotgate_classifier_seconds", "One intent prediction",
                                     buckets=CLASSIFIER_BUCKETS, registry=r)
         self.ttft = Spread("slotgate_ttft_seconds", "Time to the first byte of the answer",
-                           ["backend"], BUCKETS)
+                           ["backend", "api"], BUCKETS)
         self.upstream_errors = Counter("slotgate_upstream_errors", "Backend failures",
                                        ["backend", "kind"], registry=r)
         self.disconnects = Counter("slotgate_client_disconnects", "Clients that left early",
@@ -136,7 +137,8 @@ class Metrics:
         exchange failed, if it did)."""
         backend = rec.backend or "none"
         if rec.status:
-            self.requests.add((rec.route or "unknown", backend, f"{rec.status // 100}xx"))
+            self.requests.add((rec.route or "unknown", backend, f"{rec.status // 100}xx",
+                               rec.api))
         if rec.error in AUTH_FAILURES:
             self.auth_failures.add((rec.error,))
         elif failed is not None and rec.backend and (kind := metric_kind(failed)) is not None:
@@ -149,7 +151,7 @@ class Metrics:
         if rec.backend is None:
             return
         if rec.ttft_ms is not None:
-            self.ttft.observe(self.ttft.series((rec.backend,)), rec.ttft_ms / 1000)
+            self.ttft.observe(self.ttft.series((rec.backend, rec.api)), rec.ttft_ms / 1000)
         if rec.prompt_tokens is not None:
             self.tokens.add((rec.backend, "in"), rec.prompt_tokens)
             self.tokens.add((rec.backend, "out"), rec.completion_tokens or 0)

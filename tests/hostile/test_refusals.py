@@ -62,9 +62,9 @@ async def test_an_unauthenticated_flood_writes_no_ledger_row_and_few_log_lines(
     samples = await scrape(gw)
     assert value(samples, "slotgate_auth_failures_total", code="invalid_api_key") == flood
     assert value(samples, "slotgate_requests_total", route="unknown", backend="none",
-                 status_class="4xx") == flood + 1
+                 status_class="4xx", api="chat") == flood + 1
     assert value(samples, "slotgate_requests_total", route="chat", backend="big",
-                 status_class="2xx") == 3
+                 status_class="2xx", api="chat") == 3
     lines = access_lines(caplog)
     sampled = [line for line in lines if line["status"] == 401]
     # at most one line per second of flood (the sampling interval), each saying how many

@@ -86,9 +86,9 @@ async def test_an_internal_error_is_a_500_counted_everywhere(
         await assert_idle(gw)
         samples = await scrape(gw, None)
     assert value(samples, "slotgate_requests_total", route="chat", backend="big",
-                 status_class="5xx") == 2
+                 status_class="5xx", api="chat") == 2
     assert value(samples, "slotgate_requests_total", route="chat", backend="big",
-                 status_class="2xx") == 1
+                 status_class="2xx", api="chat") == 1
     lines = access_lines(caplog)
     assert sorted((line["status"], line["error"]) for line in lines) == [
         (200, None), (500, "internal_error"), (500, "internal_error")]
@@ -134,5 +134,5 @@ async def test_a_client_that_leaves_is_counted_as_499(
     await assert_idle(gw)
     samples = await scrape(gw, None)
     assert value(samples, "slotgate_requests_total", route="chat", backend="big",
-                 status_class="4xx") == 1
+                 status_class="4xx", api="chat") == 1
     assert sorted(line["status"] for line in access_lines(caplog)) == [200, 499]

@@ -14,7 +14,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -376,14 +376,17 @@ async def drain_stream(client: openai.AsyncOpenAI, request_id: str) -> str:
     return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
 
-async def send_in_order(client: openai.AsyncOpenAI, gw: RunningGateway,
-                        n: int) -> tuple[list[asyncio.Task[str]], list[Any]]:
-    """Send n streams one at a time, each admitted or rejected before the next leaves."""
-    tasks: list[asyncio.Task[str]] = []
+async def send_in_order(
+    client: openai.AsyncOpenAI, gw: RunningGateway, n: int,
+    send: Callable[[openai.AsyncOpenAI, str], Coroutine[Any, Any, Any]] = drain_stream,
+) -> tuple[list[asyncio.Task[Any]], list[Any]]:
+    """Send n requests (streams by default; else `send(client, request_id)`) one at a
+    time, each admitted or rejected before the next leaves."""
+    tasks: list[asyncio.Task[Any]] = []
     rejected: list[Any] = []
     for i in range(n):
         before = sum(p.active + p.queued for p in pools_of(gw).values())
-        task = asyncio.create_task(drain_stream(client, f"req-{i}"))
+        task: asyncio.Task[Any] = asyncio.create_task(send(client, f"req-{i}"))
         tasks.append(task)
 
         def grew(state: dict[str, tuple[int, int]], before: int = before) -> bool:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from policies.config import SimulatedSpec
 from policies.prefix import block_hashes, request_text
+from router.upstream.simulated.embed import embed_plan
 from router.upstream.simulated.engine import FaultMode, Plan, SimEngine, error_response
 from router.upstream.simulated.metrics import CONTENT_TYPE, exposition
 from router.upstream.simulated.tools import tool_call
@@ -55,6 +56,16 @@ def _plan(body: object, chat: bool, default_model: str, block_bytes: int = 0) ->
                 blocks, tool_call(body) if chat else None)
 
 
+def _embeddings_plan(body: object, default_model: str) -> Plan:
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    model = body.get("model") or default_model
+    if not isinstance(model, str):
+        raise ValueError("'model' must be a string")
+    embed = embed_plan(body)
+    return Plan(False, model, False, False, embed.tokens, None, embed=embed)
+
+
 SIM_ENGINE = web.AppKey("sim_engine", SimEngine)
 
 
@@ -66,6 +77,15 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     except orjson.JSONDecodeError:
         return error_response(400, "the request body is not valid JSON")
     except ValueError as exc:
+        return error_response(400, str(exc))
+    return await engine.serve(request, plan)
+
+
+async def _embeddings(request: web.Request) -> web.StreamResponse:
+    engine = request.app[SIM_ENGINE]
+    try:
+        plan = _embeddings_plan(orjson.loads(await request.read()), engine.model)
+    except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
         return error_response(400, str(exc))
     return await engine.serve(request, plan)
 
@@ -122,6 +142,7 @@ def create_sim_app(engine: SimEngine) -> web.Application:
     app[SIM_ENGINE] = engine
     app.router.add_post("/v1/chat/completions", functools.partial(_completion, chat=True))
     app.router.add_post("/v1/completions", functools.partial(_completion, chat=False))
+    app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get(r"/sim/{what:stats|requests}", _inspect)

@@ -21,6 +21,7 @@ from aiohttp import web
 from policies.config import SimulatedSpec
 from router.upstream.simulated import tools
 from router.upstream.simulated.cache import PrefixCache
+from router.upstream.simulated.embed import EmbedPlan, answer
 from router.upstream.simulated.tools import ToolCall
 
 _MAX_RECORDS = 10_000
@@ -70,6 +71,7 @@ class Plan:
     max_tokens: int | None
     blocks: tuple[int, ...] = ()  # the prompt's block hashes, when the engine caches prefixes
     tool: ToolCall | None = None  # answer with this tool call (router.upstream.simulated.tools)
+    embed: EmbedPlan | None = None  # an embeddings request: one batch, no tokens generated
 
 
 class SimEngine:
@@ -245,7 +247,8 @@ class SimEngine:
                 await resp.prepare(request)
             await self._acquire()
             try:
-                body = await self._generate(request, rec, plan, resp)
+                body = await (self._generate(request, rec, plan, resp) if plan.embed is None
+                              else self._embed(rec, plan, plan.embed))
             finally:
                 self._release()
             if body is None:  # dropped on purpose
@@ -333,6 +336,16 @@ class SimEngine:
             choice["text"] = text
         answer["choices"] = [choice]
         return orjson.dumps(answer)
+
+
+    async def _embed(self, rec: SimRecord, plan: Plan, embed: EmbedPlan) -> bytes:
+        """A batch of embeddings: the TTFT (and prefill) once, a hold honoured before the
+        answer, which comes whole."""
+        await asyncio.sleep(planned_ttft(self.spec, None, rec, plan))
+        if self._hold_after is not None:
+            await self._pause(0)
+        rec.first_token_at = time.monotonic()
+        return orjson.dumps(answer(embed, plan.model))
 
 
 def planned_ttft(spec: SimulatedSpec, cache: PrefixCache | None, rec: SimRecord,
