@@ -124,6 +124,11 @@ async def one_client(i: int, gw: Any, client: openai.AsyncOpenAI, rng: random.Ra
         work.outcomes["left"] += 1
     except openai.APIStatusError as exc:
         work.outcomes[f"http {exc.status_code}"] += 1
+    except openai.APIError as exc:  # in-band, a stream's 200 sent while it queued
+        code = exc.body.get("code") if isinstance(exc.body, dict) else None
+        if code != "queue_timeout":  # the short queue timeout, on a box too busy to keep up
+            raise
+        work.outcomes["in-band queue_timeout"] += 1
 
 
 def ledger_rows(path: Path) -> list[tuple[str, int, str | None]]:
