@@ -93,3 +93,105 @@ class ResponsesEngine:
         await response.write(sse("response.completed", {"response": NATIVE}, 4))
         await response.write_eof()
         return response
+
+
+# -- the inverse translations -----------------------------------------------------------------
+
+def responses_of(chat: dict[str, Any]) -> dict[str, Any]:
+    """The Responses request a chat request (system, user, assistant, tool) stands for."""
+    out: dict[str, Any] = {"model": chat["model"]}
+    items: list[dict[str, Any]] = []
+    for i, m in enumerate(chat["messages"]):
+        if m["role"] == "system" and i == 0:
+            out["instructions"] = m["content"]
+        elif m["role"] == "assistant":
+            if m.get("content") is not None:
+                items.append({"type": "message", "role": "assistant", "content": [
+                    {"type": "output_text", "text": m["content"], "annotations": []}]})
+            items.extend({"type": "function_call", "call_id": call["id"],
+                          "name": call["function"]["name"],
+                          "arguments": call["function"]["arguments"]}
+                         for call in m.get("tool_calls", ()))
+        elif m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"],
+                          "output": m["content"]})
+        else:
+            items.append({"role": m["role"], "content": m["content"]})
+    out["input"] = items
+    if "max_tokens" in chat:
+        out["max_output_tokens"] = chat["max_tokens"]
+    for name in ("temperature", "top_p", "stream", "user"):
+        if name in chat:
+            out[name] = chat[name]
+    return out
+
+
+def chat_of_response(response: dict[str, Any]) -> dict[str, Any]:
+    """The chat completion a translated response came from (its text, calls, finish)."""
+    texts = [part["text"] for item in response["output"] if item["type"] == "message"
+             for part in item["content"]]
+    calls = [{"id": item["call_id"], "type": "function",
+              "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in response["output"] if item["type"] == "function_call"]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+    if calls:
+        message["tool_calls"] = calls
+    finish = ("length" if response["status"] == "incomplete"
+              else "tool_calls" if calls else "stop")
+    return {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": response["usage"]["input_tokens"],
+                      "completion_tokens": response["usage"]["output_tokens"]}}
+
+
+def parse_stream(raw: bytes) -> list[dict[str, Any]]:
+    """The data of each event in a Responses stream's bytes (its name checked against its
+    `type`)."""
+    out = []
+    for block in raw.split(b"\n\n"):
+        lines = block.split(b"\n")
+        if len(lines) == 2 and lines[0].startswith(b"event: "):
+            data = orjson.loads(lines[1].removeprefix(b"data: "))
+            assert data["type"] == lines[0][7:].decode()
+            out.append(data)
+        else:
+            assert block == b"", f"not one named event: {block!r}"
+    return out
+
+
+def accumulate(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The response a Responses stream's events build (from the deltas, checking their
+    order and numbering as it goes), and that it is the one its last event carries."""
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    output: list[dict[str, Any]] = []
+    item: dict[str, Any] | None = None
+    text = ""
+    for e in events[2:-1]:
+        kind = e["type"]
+        if kind == "response.output_item.added":
+            assert item is None and e["output_index"] == len(output)
+            item, text = dict(e["item"]), ""
+            continue
+        assert item is not None and e.get("output_index") == len(output)
+        if kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+            assert e["item_id"] == item["id"]
+            text += e["delta"]
+        elif kind == "response.output_text.done":
+            assert e["text"] == text
+        elif kind == "response.function_call_arguments.done":
+            assert e["arguments"] == text
+        elif kind == "response.output_item.done":
+            done = e["item"]
+            if done["type"] == "message":
+                assert done["content"][0]["text"] == text
+            else:
+                assert done["arguments"] == text
+            output.append(done)
+            item = None
+        else:
+            assert kind in ("response.content_part.added", "response.content_part.done")
+    assert item is None
+    final: dict[str, Any] = events[-1]["response"]
+    assert final["output"] == output
+    return final
