@@ -101,7 +101,11 @@ def test_input_items(items: Any, expected: Any) -> None:
     ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
      "input"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input"),
+    ({"input": [{"role": {}, "content": "x"}]}, "input"),  # unhashable: no 500
+    ({"input": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}, "input"),
+    ({"input": [{"type": {}, "content": "x"}]}, "input"),
     ({"input": 7}, "input"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"instructions": ["x"]}, "instructions"),
     ({"text": {"format": {"type": "grammar"}}}, "text"),
 ])

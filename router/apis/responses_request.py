@@ -70,8 +70,12 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in _SAME:
         if body.get(name) is not None:
             chat[name] = body[name]
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise Unsupported("'max_output_tokens' must be a positive integer.",
+                              "max_output_tokens")
+        chat["max_tokens"] = limit
     if body.get("stream") is not None:
         chat["stream"] = body["stream"]
     tools = body.get("tools")
@@ -91,7 +95,8 @@ def _item(item: object, i: int, messages: list[dict[str, Any]]) -> None:
         raise Unsupported(f"'input[{i}]' must be an object.", "input")
     kind = item.get("type", "message")
     if kind == "message":
-        role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        asked = item.get("role")
+        role = _ROLES.get(asked) if isinstance(asked, str) else None
         if role is None:
             raise Unsupported(f"'input[{i}].role' must be user, assistant, system or "
                               "developer.", "input")
@@ -130,7 +135,7 @@ def _content(content: object, i: int, role: str) -> Any:
             raise Unsupported(f"'input[{i}].content' holds a part that is not an object.",
                               "input")
         kind = part.get("type")
-        if kind in _TEXT_PARTS:
+        if isinstance(kind, str) and kind in _TEXT_PARTS:
             text = part.get("text", part.get("refusal"))
             parts.append({"type": "text", "text": text if isinstance(text, str) else ""})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
