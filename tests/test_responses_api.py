@@ -162,6 +162,17 @@ async def test_passed_through_as_it_is(sdk: SdkClients, start: StartGateway,
     await assert_idle(gw)
 
 
+async def test_a_passed_through_answer_without_usage_is_estimated(
+        sdk: SdkClients, start: StartGateway, native: ResponsesEngine) -> None:
+    gw = await passing(start, native)
+    native.with_usage = False
+    answer = await sdk(gw).responses.create(model="chat", input="hi there")
+    assert answer.output_text == NATIVE_TEXT
+    rec = last(gw)
+    assert rec.tokens_estimated and rec.prompt_tokens > 0 and rec.completion_tokens > 0
+    await assert_idle(gw)
+
+
 async def test_passed_through_stream_is_relayed(sdk: SdkClients, start: StartGateway,
                                                 native: ResponsesEngine) -> None:
     gw = await passing(start, native)

@@ -85,13 +85,23 @@ def test_input_items(items: Any, expected: Any) -> None:
     assert to_chat({"model": "chat", "input": items})["messages"] == expected
 
 
+def test_reasoning_to_carry_is_no_server_data() -> None:
+    """Codex asks for its reasoning back with store: false; a chat engine has none."""
+    asked = {"model": "chat", "input": "hi", "store": False,
+             "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}}
+    assert to_chat(asked) == chat(messages=[{"role": "user", "content": "hi"}])
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"previous_response_id": "resp_0"}, "previous_response_id"),
     ({"store": True}, "store"),
     ({"background": True}, "background"),
     ({"conversation": {"id": "conv_1"}}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"include": ["reasoning.encrypted_content", "web_search_call.action.sources"]},
+     "include"),
+    ({"include": "x"}, "include"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools"),
     ({"tools": [{"type": "computer_use_preview"}]}, "tools"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),

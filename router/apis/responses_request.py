@@ -37,7 +37,7 @@ def stateful(body: dict[str, Any]) -> Unsupported | None:
               ("background", body.get("background") is True),
               ("conversation", body.get("conversation") is not None),
               ("prompt", body.get("prompt") is not None),
-              ("include", bool(body.get("include"))))
+              ("include", _includes_server_data(body.get("include"))))
     for param, used in checks:
         if used:
             return Unsupported(f"'{param}' needs state kept by the server, which this model's "
@@ -45,6 +45,18 @@ def stateful(body: dict[str, Any]) -> Unsupported | None:
                                "completions); send the whole conversation in 'input', "
                                "with 'store' unset or false.", param)
     return None
+
+
+# What `include` may ask for without server state: reasoning to carry to the next request
+# (Codex asks for it); a chat engine's answer has none, so nothing is added.
+_STATELESS_INCLUDES = frozenset({"reasoning.encrypted_content"})
+
+
+def _includes_server_data(include: object) -> bool:
+    if not include:
+        return False
+    return not isinstance(include, list) or any(
+        not isinstance(what, str) or what not in _STATELESS_INCLUDES for what in include)
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:

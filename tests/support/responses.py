@@ -45,6 +45,7 @@ class ResponsesEngine:
         self.aborted = asyncio.Event()
         self._gate = asyncio.Event()
         self._gate.set()
+        self.with_usage = True  # False: its answers carry no usage
         self.runner: Any = None
         self.url = ""
 
@@ -77,7 +78,7 @@ class ResponsesEngine:
         self.arrived.set()
         if not body.get("stream"):
             await self._wait()
-            return web.json_response(NATIVE)
+            return web.json_response(NATIVE if self.with_usage else {**NATIVE, "usage": None})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         started = {**NATIVE, "status": "in_progress", "output": [], "usage": None}
