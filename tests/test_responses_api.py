@@ -16,6 +16,7 @@ from tests.support import (
     SdkClients,
     StartGateway,
     assert_idle,
+    closed_port,
     engine,
     gateway_config,
     sim_backend,
@@ -200,3 +201,22 @@ async def test_unknown_model_is_404(sdk: SdkClients, start: StartGateway) -> Non
     gw = await start(gateway_config(sim_backend("m", slots=1)))
     with pytest.raises(openai.NotFoundError):
         await sdk(gw).responses.create(model="nope", input="hi")
+
+
+async def test_passed_through_moves_only_to_a_backend_that_serves_it(
+        sdk: SdkClients, start: StartGateway, native: ResponsesEngine) -> None:
+    url = await native.start()
+    down = {"url": f"http://127.0.0.1:{closed_port()}/v1", "model": "m", "slots": 1,
+            "apis": ["chat", "responses"]}
+    gw = await start(gateway_config(down, {"url": url, "model": "m", "slots": 1,
+                                           "apis": ["chat", "responses"]}))
+    raw = await sdk(gw).responses.with_raw_response.create(model="chat", input="hi")
+    assert raw.headers["x-slotgate-backend"] == "small"  # retried before its first byte
+    assert raw.parse().output_text == NATIVE_TEXT
+    await assert_idle(gw)
+    chat_only = await start(gateway_config(down, sim_backend("s", slots=1)))
+    with pytest.raises(openai.APIStatusError) as failed:
+        await sdk(chat_only).responses.create(model="chat", input="hi")
+    assert failed.value.status_code >= 500
+    assert engine(chat_only, "small").records == {}  # a chat-only engine never saw it
+    await assert_idle(chat_only)
