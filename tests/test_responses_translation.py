@@ -11,6 +11,8 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from router.apis.responses_answer import Echo, to_response
 from router.apis.responses_request import Unsupported, to_chat
@@ -25,6 +27,7 @@ from tests.support.responses import (
 )
 
 ECHO = Echo("resp_1", "chat", 1700000000)
+EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)  # the SDK's own event types
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -210,6 +213,7 @@ def _normal(completion: dict[str, Any]) -> dict[str, Any]:
 @given(completions())
 def test_an_answer_round_trips(completion: dict[str, Any]) -> None:
     response = to_response(completion, ECHO)
+    Response.model_validate(response)  # the SDK's type, validated (the SDK itself does not)
     assert response["object"] == "response" and response["model"] == "chat"
     usage = response["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
@@ -262,7 +266,10 @@ def test_a_stream_builds_the_same_response(completion: dict[str, Any], cuts: lis
         out.append(relay.feed(raw[at:at + size]))
         at, i = at + size, i + 1
     out.append(relay.flush())
-    assert accumulate(parse_stream(b"".join(out))) == to_response(completion, ECHO)
+    events = parse_stream(b"".join(out))
+    for event in events:
+        EVENT.validate_python(event)
+    assert accumulate(events) == to_response(completion, ECHO)
     assert usage.known and usage.completion_tokens == completion["usage"]["completion_tokens"]
 
 

@@ -71,7 +71,7 @@ def response_object(echo: Echo, output: list[dict[str, Any]], status: str,
 def usage_of(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     return {"input_tokens": input_tokens, "output_tokens": output_tokens,
             "total_tokens": input_tokens + output_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0}}
 
 
