@@ -175,3 +175,17 @@ async def test_a_stream_cut_after_its_start_ends_with_an_error(sdk: SdkClients,
     with pytest.raises(openai.APIError):  # the SDK raises it
         await drained(sdk(gw).responses.create(model="chat", input="hi", stream=True))
     await assert_idle(gw)
+
+
+async def test_a_full_queue_is_a_429_with_retry_after(sdk: SdkClients,
+                                                      start: StartGateway) -> None:
+    gw = await start(gateway_config(sim_backend("m", slots=1, queue_limit=0)))
+    holder = await occupy(sdk, gw)
+    with pytest.raises(openai.RateLimitError) as refused:
+        await sdk(gw).responses.create(model="chat", input="hi")
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    body = refused.value.body
+    assert isinstance(body, dict) and body["type"] == "rate_limit_error"
+    engine(gw).release()
+    await holder
+    await assert_idle(gw)
