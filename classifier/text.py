@@ -18,13 +18,26 @@ _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 
 
 def request_text(body: Mapping[str, Any]) -> str:
-    """The classifier's input for a chat or completions request body."""
+    """The classifier's input for a chat, completions or Responses request body."""
     if not isinstance(body, Mapping):
         return ""
     messages = body.get("messages")
     if isinstance(messages, list):
         return clip(_chat_text(messages))
+    if "input" in body and "prompt" not in body:  # a Responses request (passed through)
+        return clip(_chat_text(_responses_turns(body)))
     return clip(_prompt_text(body.get("prompt")))
+
+
+def _responses_turns(body: Mapping[str, Any]) -> list[Any]:
+    """A Responses request's instructions and input as chat-like turns."""
+    turns: list[Any] = [{"role": "system", "content": body.get("instructions")}]
+    source = body.get("input")
+    if isinstance(source, str):
+        turns.append({"role": "user", "content": source})
+    elif isinstance(source, list):
+        turns.extend(source)  # message items carry a role and content; others are skipped
+    return turns
 
 
 def clip(text: str) -> str:

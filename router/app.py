@@ -53,6 +53,8 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/messages", partial(dispatch.handle, endpoint=Endpoint.MESSAGES),
                         expect_handler=expect_continue)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_post("/v1/responses", partial(dispatch.handle, endpoint=Endpoint.RESPONSES),
+                        expect_handler=expect_continue)
     app.router.add_post("/v1/embeddings", partial(dispatch.handle, endpoint=Endpoint.EMBEDDINGS),
                         expect_handler=expect_continue)
     app.router.add_get("/v1/models", _models)

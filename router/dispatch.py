@@ -29,6 +29,7 @@ from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
 from router.apis.anthropic import ANTHROPIC
 from router.apis.dialect import OPENAI, Dialect
+from router.apis.responses import dialect_for
 from router.exchange import Exchange
 from router.gateway import GATEWAY
 from router.openai_api import (
@@ -87,6 +88,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         server = config.server
         raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
                               exchange.hold)
+        if endpoint is Endpoint.RESPONSES:  # passed through, or translated to chat
+            dialect = exchange.dialect = dialect_for(raw, config)
         parsed = exchange.parsed = dialect.parse(raw, endpoint, config.server)
         rec.stream = parsed.stream
         route = config.routes.get(parsed.model)

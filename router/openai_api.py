@@ -38,6 +38,7 @@ class Endpoint(enum.StrEnum):
     COMPLETIONS = "/v1/completions"
     MESSAGES = "/v1/messages"  # Anthropic's, translated to chat (router.apis.anthropic)
     EMBEDDINGS = "/v1/embeddings"
+    RESPONSES = "/v1/responses"  # passed through, or translated to chat (router.apis.responses)
 
     @property
     def api(self) -> Api:
@@ -46,7 +47,8 @@ class Endpoint(enum.StrEnum):
 
 
 _APIS = {Endpoint.CHAT: Api.CHAT, Endpoint.COMPLETIONS: Api.COMPLETIONS,
-         Endpoint.EMBEDDINGS: Api.EMBEDDINGS, Endpoint.MESSAGES: Api.MESSAGES}
+         Endpoint.EMBEDDINGS: Api.EMBEDDINGS, Endpoint.MESSAGES: Api.MESSAGES,
+         Endpoint.RESPONSES: Api.RESPONSES}
 
 
 @dataclass(eq=False)
@@ -234,6 +236,8 @@ def parse_request(raw: bytes, endpoint: Endpoint,
         if (problem := embeddings_problem(body, limits.max_embedding_inputs)) is not None:
             raise invalid(*problem)
         return ParsedRequest(endpoint, body, model, False, False, None, raw)
+    if endpoint is Endpoint.RESPONSES:  # passed through: the engine checks the rest
+        return _responses_request(body, model, raw)
     if endpoint is Endpoint.CHAT:
         _check_messages(body.get("messages"), limits.max_messages)
         prompts = 1
@@ -269,6 +273,23 @@ def parse_request(raw: bytes, endpoint: Endpoint,
     queue_events = isinstance(ours, dict) and ours.get("queue_events") is True
     return ParsedRequest(endpoint, body, model, stream, wants_usage, max_tokens, raw,
                          queue_events)
+
+
+def _responses_request(body: dict[str, Any], model: str, raw: bytes) -> ParsedRequest:
+    """A Responses request passed through as it is (nothing added: it asks no stream
+    usage option, its final event carries the usage)."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid("'stream' must be a boolean.", "stream")
+    limit = body.get("max_output_tokens")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise invalid("'max_output_tokens' must be a positive integer.", "max_output_tokens")
+    ours = body.get("slotgate")
+    if ours is not None and not isinstance(ours, dict):
+        raise invalid("'slotgate' must be an object.", "slotgate")
+    return ParsedRequest(Endpoint.RESPONSES, body, model, stream is True, True, limit, raw,
+                         isinstance(ours, dict) and ours.get("queue_events") is True)
 
 
 def _loads_without_gc(raw: bytes) -> Any:

@@ -38,8 +38,8 @@ class Usage:
 
     def update(self, usage: object) -> None:
         if isinstance(usage, dict):
-            prompt = usage.get("prompt_tokens")
-            completion = usage.get("completion_tokens")
+            prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+            completion = usage.get("completion_tokens", usage.get("output_tokens"))
             if completion is None and "total_tokens" in usage:
                 completion = 0  # an embedding's usage: prompt and total tokens only
             if isinstance(prompt, int) and isinstance(completion, int):
@@ -99,7 +99,10 @@ class EventRelay:
             return event
         if not isinstance(obj, dict):
             return event
-        self.usage.update(obj.get("usage"))
+        usage = obj.get("usage")
+        if usage is None and isinstance(obj.get("response"), dict):  # a Responses event
+            usage = obj["response"].get("usage")
+        self.usage.update(usage)
         if self.strip_usage and obj.get("choices") == []:
             return b""
         return event

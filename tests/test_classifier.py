@@ -98,6 +98,12 @@ def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
             "kept as the last message",
         ),
         ({}, ""),
+        ({"model": "m", "input": "a responses request", "instructions": "rules"},
+         "rules\na responses request"),
+        ({"model": "m", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "items"}]}, {"type": "function_call_output",
+                                                        "call_id": "c", "output": "x"}]},
+         "items"),
     ],
 )
 def test_request_text_shapes(body: dict[str, Any], expected: str) -> None:

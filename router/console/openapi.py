@@ -90,6 +90,37 @@ def _messages(models: list[str], count: bool) -> dict[str, Any]:
     }
 
 
+def _responses(models: list[str]) -> dict[str, Any]:
+    """OpenAI's Responses API (docs/responses-api.md): passed through to an engine that
+    serves it, else translated to chat completions (what needs server state: 400)."""
+    text: dict[str, Any] = {"type": "string", "maxLength": 2000}
+    message = {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+        "content": text}}
+    properties: dict[str, Any] = {
+        "model": {"type": "string", "enum": models},
+        "input": {"oneOf": [text, {"type": "array", "minItems": 1, "maxItems": 8,
+                                   "items": message}]},
+        "instructions": text,
+        "stream": {"type": "boolean"},
+        "store": {"type": "boolean", "enum": [False]},
+        "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "user": {"type": "string", "maxLength": 64},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string",
+                                                                "maxLength": 64}},
+    }
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model", "input"], "properties": properties,
+            "additionalProperties": True}}}},
+        "responses": {"200": {"description": "a response object (JSON, or the response.* "
+                              "event stream when stream is true)"},
+                      **_errors(400, 404, 408, 413, 415, 429, 502, 503, 504)},
+    }
+
+
 def _embeddings(models: list[str]) -> dict[str, Any]:
     """One text, texts, token ids or lists of them; no `stream` (400)."""
     text: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 2000}
@@ -136,6 +167,7 @@ def openapi(config: Config) -> dict[str, Any]:
             "/v1/completions": {"post": _completion("completions", models)},
             "/v1/messages": {"post": _messages(models, count=False)},
             "/v1/messages/count_tokens": {"post": _messages(models, count=True)},
+            "/v1/responses": {"post": _responses(models)},
             "/v1/embeddings": {"post": _embeddings(embedders or models)},
             "/v1/models": _get("the public model names"),
             "/healthz": _get("alive"),

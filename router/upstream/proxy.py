@@ -306,10 +306,23 @@ def _usage_from_body(raw: bytes, usage: Usage) -> None:
     if not isinstance(obj, dict):
         return
     usage.update(obj.get("usage"))
-    if usage.known or not isinstance(obj.get("choices"), list):
+    if usage.known:
         return
-    text = "".join(_answer_text(choice) for choice in obj["choices"])
+    if isinstance(obj.get("choices"), list):
+        text = "".join(_answer_text(choice) for choice in obj["choices"])
+    elif isinstance(obj.get("output"), list):  # a Responses API answer passed through
+        text = "".join(_output_text(item) for item in obj["output"])
+    else:
+        return
     usage.completion_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
+
+
+def _output_text(item: object) -> str:
+    content = item.get("content") if isinstance(item, dict) else None
+    if not isinstance(content, list):
+        return ""
+    return "".join(part["text"] for part in content
+                   if isinstance(part, dict) and isinstance(part.get("text"), str))
 
 
 def _answer_text(choice: object) -> str:

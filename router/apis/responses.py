@@ -1,0 +1,105 @@
+"""The OpenAI Responses dialect. A request for a model whose primary serves the Responses
+API itself is passed through as it is (`RESPONSES_PASSED`: OpenAI's dialect, the engine's
+answer and events untouched); any other is translated to a chat completions request
+(`RESPONSES`), and the engine's chat answer to a response object or to the Responses
+event stream. Errors are OpenAI's shape either way; a waiting stream's keep-alives are
+SSE comments, which a Responses client skips.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from policies.apis import Api
+from policies.capabilities import estimate_tokens
+from policies.config import Config, ServerConfig
+from router.apis.dialect import OPENAI, Dialect, Relay
+from router.apis.responses_answer import Echo, to_response
+from router.apis.responses_request import Unsupported, to_chat
+from router.apis.responses_stream import ResponseStream
+from router.openai_api import Endpoint, ParsedRequest, invalid, parse_request
+from router.request.json_bounds import check_bounds
+from router.sse import Usage
+
+# What a response object echoes of its request.
+_ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls",
+           "temperature", "tool_choice", "tools", "top_p", "user")
+
+
+class ResponsesTranslation:
+    """One Responses request's answer: the engine's chat answer as a response or stream."""
+
+    __slots__ = ("echo", "input_estimate")
+
+    def __init__(self, echo: Echo, input_estimate: int) -> None:
+        self.echo, self.input_estimate = echo, input_estimate
+
+    def answer(self, raw: bytes) -> bytes:
+        try:
+            chat = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            chat = None
+        return orjson.dumps(to_response(chat, self.echo, self.input_estimate))
+
+    def relay(self, usage: Usage) -> Relay:
+        return ResponseStream(self.echo, usage, self.input_estimate)
+
+
+class ResponsesDialect(Dialect):
+    """A Responses request translated to chat completions."""
+
+    name = "responses"
+
+    def parse(self, raw: bytes, endpoint: Endpoint, limits: ServerConfig) -> ParsedRequest:
+        body = _body(raw, limits)
+        try:
+            chat = to_chat(body)
+        except Unsupported as exc:
+            raise invalid(exc.message, exc.param) from None
+        parsed = parse_request(orjson.dumps(chat), Endpoint.CHAT, limits)
+        parsed.raw = raw
+        return parsed
+
+    def translation(self, parsed: ParsedRequest, request_id: str) -> ResponsesTranslation:
+        body = orjson.loads(parsed.raw)  # the client's (parsed once more: small, once)
+        echo = Echo(f"resp_{request_id}", parsed.model, int(time.time()),
+                    {k: body[k] for k in _ECHOED if k in body})
+        return ResponsesTranslation(echo, input_estimate(parsed.raw))
+
+
+def input_estimate(raw: bytes) -> int:
+    """The gateway's generous estimate of a request's input tokens (from its body's size)."""
+    return estimate_tokens(len(raw.decode(errors="replace")), len(raw))
+
+
+def _body(raw: bytes, limits: ServerConfig) -> dict[str, object]:
+    breach = check_bounds(raw, limits.max_json_depth, limits.max_json_values)
+    if breach is not None:
+        raise invalid(breach.message, breach.param)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"Request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid("Request body must be a JSON object.")
+    return body
+
+
+RESPONSES = ResponsesDialect()
+RESPONSES_PASSED = OPENAI  # the engine speaks it: nothing to translate
+
+
+def dialect_for(raw: bytes, config: Config) -> Dialect:
+    """Passed through when the model's route's primary serves the Responses API, else
+    translated. A body that cannot be read goes to the translation, which says why."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return RESPONSES
+    model = body.get("model") if isinstance(body, dict) else None
+    route = config.routes.get(model) if isinstance(model, str) else None
+    if route is not None and Api.RESPONSES in config.backends[route.primary].served_apis:
+        return RESPONSES_PASSED
+    return RESPONSES
