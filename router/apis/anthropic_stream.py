@@ -29,13 +29,15 @@ class MessageStream:
     shape). Only the first choice is translated."""
 
     __slots__ = ("_block", "_done", "_finish", "_index", "_input_estimate", "_matched",
-                 "_message_id", "_model", "_pending", "_started", "_tool", "usage")
+                 "_message_id", "_model", "_pending", "_produced", "_started", "_tool",
+                 "usage")
 
     def __init__(self, message_id: str, model: str, usage: Usage,
                  input_estimate: int = 0) -> None:
         self._message_id, self._model, self.usage = message_id, model, usage
         self._input_estimate = input_estimate
         self._pending = b""
+        self._produced = 0  # chunks that carried text or a tool call: tokens, about
         self._started = self._done = False
         self._block: str | None = None  # the open block's kind: "text" or "tool_use"
         self._index = -1  # the open (or last) block's index
@@ -100,6 +102,8 @@ class MessageStream:
         choice = choices[0]
         out: list[bytes] = []
         delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
+            self._produced += 1
         if isinstance(delta, dict):
             text = delta.get("content")
             if isinstance(text, str) and text:
@@ -154,7 +158,9 @@ class MessageStream:
         self._done = True
         reason, sequence = stop_reason(self._finish, self._matched)
         usage = self.usage
-        output = usage.completion_tokens if usage.known else usage.seen_events
+        # Without the engine's usage: the chunks that carried output (not the role's or
+        # the finish's), one token each, as engines stream them.
+        output = usage.completion_tokens if usage.known else self._produced
         counts = {"output_tokens": output}
         if usage.known:
             counts["input_tokens"] = usage.prompt_tokens
