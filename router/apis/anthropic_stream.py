@@ -11,9 +11,8 @@ from typing import Any
 import orjson
 
 from router.apis.anthropic_answer import stop_reason
-from router.sse import MAX_EVENT_BYTES, EventTooLarge, Usage
-
-_BOUNDARY = b"\n\n"
+from router.apis.chunks import ChunkTranslator
+from router.sse import Usage
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -24,53 +23,25 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 PING = event("ping", {"type": "ping"})
 
 
-class MessageStream:
+class MessageStream(ChunkTranslator):
     """Feed chat SSE bytes in; get back the Anthropic events to send (router.sse's relay
     shape). Only the first choice is translated."""
 
     __slots__ = ("_block", "_done", "_finish", "_index", "_input_estimate", "_matched",
-                 "_message_id", "_model", "_pending", "_produced", "_started", "_tool",
-                 "usage")
+                 "_message_id", "_model", "_produced", "_tool", "usage")
 
     def __init__(self, message_id: str, model: str, usage: Usage,
                  input_estimate: int = 0) -> None:
         self._message_id, self._model, self.usage = message_id, model, usage
         self._input_estimate = input_estimate
-        self._pending = b""
+        super().__init__()
         self._produced = 0  # chunks that carried text or a tool call: tokens, about
-        self._started = self._done = False
+        self._done = False
         self._block: str | None = None  # the open block's kind: "text" or "tool_use"
         self._index = -1  # the open (or last) block's index
         self._tool: object = None  # the engine's index of the open tool call
         self._finish: object = None
         self._matched: object = None
-
-    def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        end = data.rfind(_BOUNDARY)
-        if end < 0:
-            if len(data) > MAX_EVENT_BYTES:
-                raise EventTooLarge
-            self._pending = data
-            return self._start() if not self._started else b""
-        whole, self._pending = data[:end], data[end + 2:]
-        if len(self._pending) > MAX_EVENT_BYTES:
-            raise EventTooLarge
-        out = [self._start()] if not self._started else []
-        for raw in whole.split(_BOUNDARY):
-            out.append(self._event(raw))
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        """The end of the engine's stream: an unterminated last event, then the end."""
-        rest, self._pending = self._pending, b""
-        out = [self._start()] if not self._started else []
-        if rest.strip():
-            out.append(self._event(rest))
-        out.append(self._end())
-        return b"".join(out)
 
     def _start(self) -> bytes:
         self._started = True

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from router.apis.chunks import ChunkTranslator
 from router.apis.responses_answer import (
     Echo,
     call_item,
@@ -22,22 +23,20 @@ from router.apis.responses_answer import (
     status_of,
     usage_of,
 )
-from router.sse import MAX_EVENT_BYTES, EventTooLarge, Usage
-
-_BOUNDARY = b"\n\n"
+from router.sse import Usage
 
 
-class ResponseStream:
+class ResponseStream(ChunkTranslator):
     """Feed chat SSE bytes in; get back the Responses events to send (router.sse's relay
     shape). Only the first choice is translated."""
 
     __slots__ = ("_call", "_calls", "_done", "_echo", "_finish", "_input_estimate", "_item",
-                 "_output", "_pending", "_seq", "_started", "_text", "usage")
+                 "_output", "_seq", "_text", "usage")
 
     def __init__(self, echo: Echo, usage: Usage, input_estimate: int = 0) -> None:
         self._echo, self.usage, self._input_estimate = echo, usage, input_estimate
-        self._pending = b""
-        self._started = self._done = False
+        super().__init__()
+        self._done = False
         self._seq = 0
         self._output: list[dict[str, Any]] = []  # the items done
         self._item: dict[str, Any] | None = None  # the open item
@@ -45,33 +44,6 @@ class ResponseStream:
         self._call: object = None  # the engine's index of the open tool call
         self._calls = 0  # function calls opened
         self._finish: object = None
-
-    def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        end = data.rfind(_BOUNDARY)
-        if end < 0:
-            if len(data) > MAX_EVENT_BYTES:
-                raise EventTooLarge
-            self._pending = data
-            return self._start() if not self._started else b""
-        whole, self._pending = data[:end], data[end + 2:]
-        if len(self._pending) > MAX_EVENT_BYTES:
-            raise EventTooLarge
-        out = [self._start()] if not self._started else []
-        for raw in whole.split(_BOUNDARY):
-            out.append(self._event(raw))
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        """The end of the engine's stream: an unterminated last event, then the end."""
-        rest, self._pending = self._pending, b""
-        out = [self._start()] if not self._started else []
-        if rest.strip():
-            out.append(self._event(rest))
-        out.append(self._end())
-        return b"".join(out)
 
     def _emit(self, kind: str, data: dict[str, Any]) -> bytes:
         data = {"type": kind, **data, "sequence_number": self._seq}
