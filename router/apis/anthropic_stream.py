@@ -50,27 +50,7 @@ class MessageStream(ChunkTranslator):
             "model": self._model, "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": self._input_estimate, "output_tokens": 0}}})
 
-    def _event(self, raw: bytes) -> bytes:
-        lines = [line[5:].removeprefix(b" ") for line in raw.split(b"\n")
-                 if line.startswith(b"data:")]
-        if not lines:
-            return b""  # a comment or an empty event
-        payload = b"\n".join(lines)
-        if payload.strip() == b"[DONE]":
-            return self._end()
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return b""
-        if not isinstance(chunk, dict) or self._done:
-            return b""
-        self.usage.seen_events += 1
-        if chunk.get("usage"):
-            self.usage.update(chunk["usage"])
-        choices = chunk.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return b""
-        choice = choices[0]
+    def _choice(self, choice: dict[str, Any]) -> bytes:
         out: list[bytes] = []
         delta = choice.get("delta")
         if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):

@@ -5,17 +5,23 @@ with its opening said before anything else and its ending after the engine's las
 
 from __future__ import annotations
 
-from router.sse import MAX_EVENT_BYTES, EventTooLarge
+from typing import Any
+
+import orjson
+
+from router.sse import MAX_EVENT_BYTES, EventTooLarge, Usage
 
 _BOUNDARY = b"\n\n"
 
 
 class ChunkTranslator:
     """Feed chat SSE bytes in, get the translated events out (router.sse's relay shape).
-    A dialect's stream says what its opening (`_start`), each engine event (`_event`) and
-    its ending (`_end`) become."""
+    A dialect's stream says what its opening (`_start`), the first choice of each engine
+    chunk (`_choice`) and its ending (`_end`) become; the engine's usage goes to `usage`."""
 
     __slots__ = ("_pending", "_started")
+    usage: Usage  # (the subclass's slots)
+    _done: bool  # the ending was said: later chunks are ignored
 
     def __init__(self) -> None:
         self._pending = b""
@@ -54,6 +60,29 @@ class ChunkTranslator:
 
     def _event(self, raw: bytes) -> bytes:
         """One whole engine event (its lines, without the blank line that ends it)."""
+        lines = [line[5:].removeprefix(b" ") for line in raw.split(b"\n")
+                 if line.startswith(b"data:")]
+        if not lines:
+            return b""  # a comment or an empty event
+        payload = b"\n".join(lines)
+        if payload.strip() == b"[DONE]":
+            return self._end()
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return b""
+        if not isinstance(chunk, dict) or self._done:
+            return b""
+        self.usage.seen_events += 1
+        if chunk.get("usage"):
+            self.usage.update(chunk["usage"])
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return b""
+        return self._choice(choices[0])
+
+    def _choice(self, choice: dict[str, Any]) -> bytes:
+        """The first choice of one engine chunk."""
         raise NotImplementedError
 
     def _end(self) -> bytes:
