@@ -76,6 +76,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                                      None)
         if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
             rec.tenant, rec.key_id = caller.tenant, caller.key_id
+            exchange.weight = caller.weight
         exchange.priority = gw.keyring.priority(caller, request)
         rec.priority = exchange.priority.value
         check_content_type(request)
@@ -283,6 +284,8 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
             unplaced(backend, lease, work)
         if parsed.endpoint.api in GENERATIVE_APIS:  # an embedding is no answer to learn from
             learn(backend.answers, ex.rec, parsed.max_tokens)  # before the waiters' forecasts
+        if ex.rec.completion_tokens is not None:  # what a fair line charges its tenant
+            lease.charge(ex.rec.completion_tokens)
         await lease.release()
 
 

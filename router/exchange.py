@@ -15,7 +15,7 @@ from policies.capabilities import Needs, estimate_tokens, needs_of, serves
 from policies.config import Config, Priority
 from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
-from policies.slots import SlotPool
+from policies.slots import Share, SlotPool
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
 from router.gateway import Gateway
@@ -32,7 +32,7 @@ class Exchange:
     """One request's state, from its head to its record."""
 
     __slots__ = ("_needs", "config", "dialect", "facts", "failed_on", "gw", "hold", "parsed",
-                 "place", "priority", "rec", "request", "response", "want")
+                 "place", "priority", "rec", "request", "response", "want", "weight")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config, dialect: Dialect = OPENAI) -> None:
@@ -48,6 +48,7 @@ class Exchange:
         self.failed_on: list[str] = []  # replicas it failed on before its first byte
         self.want: str | None = None  # the replica holding its prefix, should it wait
         self.priority = Priority.STANDARD
+        self.weight = 1.0  # its tenant's share of a `fair` line (its key's weight)
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
                              gw.bodies_full)
         self._needs: Needs | None = None
@@ -55,6 +56,10 @@ class Exchange:
     def prompt_tokens(self, parsed: ParsedRequest) -> int:
         """A generous estimate of the prompt's tokens, from the whole body's size."""
         return estimate_tokens(len(parsed.raw.decode(errors="replace")), len(parsed.raw))
+
+    def share(self, parsed: ParsedRequest) -> Share:
+        """Whose it is in a `fair` line: its tenant (no key: its caller's own) and weight."""
+        return Share(self.rec.tenant or "", self.weight, self.prompt_tokens(parsed))
 
     def needs(self, parsed: ParsedRequest) -> Needs:
         """What the request needs of a backend (worked out once, when first asked)."""

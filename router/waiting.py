@@ -76,7 +76,7 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         if lease is not None:
             objective.predict(rec, backend, 0.0, parsed.max_tokens)
             return lease
-        ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
+        ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens, ex.share(parsed))
         if ticket is not None:
             objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
             return await wait(ex, parsed, pool, ticket, movable)
@@ -92,7 +92,7 @@ async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     if lease is not None:
         objective.predict(ex.rec, group, 0.0, parsed.max_tokens)
         return lease
-    ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens)
+    ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens, ex.share(parsed))
     if ticket is None:
         raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), backend)
     objective.predict(ex.rec, group, ticket.eta_s(), parsed.max_tokens)

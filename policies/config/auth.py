@@ -37,7 +37,12 @@ class ApiKeyConfig(StrictModel):
     tenant: str = Field(min_length=1, max_length=64)
     admin: bool = False  # may call /admin/*
     priority: Priority = Priority.STANDARD
-    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)  # per gateway process
+    # Its tenant's share of a `fair` queue: served tokens count 1/weight against it.
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    # Held across every gateway process with `coordination.mode: redis`.
+    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
+    rpm: int | None = Field(default=None, ge=1, le=10_000_000)  # requests per minute
+    tpm: int | None = Field(default=None, ge=1, le=10_000_000_000)  # tokens per minute
     budgets: tuple[BudgetConfig, ...] = ()
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ Pure data and validation: no YAML, no files, no environment lookups.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, HttpUrl, field_validator, model_validator
@@ -132,6 +133,13 @@ class SignalsConfig(StrictModel):
     stale_after_s: PositiveSeconds = 15.0  # an older reading counts as none
 
 
+class QueueOrder(enum.StrEnum):
+    """Who among the waiters of one priority class is served next."""
+
+    FIFO = "fifo"  # first come, first served
+    FAIR = "fair"  # the tenant with the least weighted tokens served (FIFO within a tenant)
+
+
 class BackendConfig(StrictModel):
     url: HttpUrl | None = None
     simulated: SimulatedSpec | None = None
@@ -143,6 +151,7 @@ class BackendConfig(StrictModel):
     slots: int = Field(ge=1, le=1_000_000)  # with `endpoints`: their sum, not given
     queue_limit: int = Field(default=0, ge=0, le=100_000)
     queue_timeout_s: PositiveSeconds = 60.0
+    queue_order: QueueOrder = QueueOrder.FIFO  # within a priority class
     context_window: int | None = Field(default=None, ge=1)
     # What the model serves beyond plain chat; a request needing one it lacks is never
     # moved here (steering, overflow, failover). Default: all, as before the key existed.

@@ -24,6 +24,7 @@ from policies.slots.base import (
     QueueShed,
     QueueTimeout,
     Seats,
+    Share,
     SlotPool,
     Ticket,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "QueueShed",
     "QueueTimeout",
     "Seats",
+    "Share",
     "SlotPool",
     "Ticket",
 ]

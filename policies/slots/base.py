@@ -86,6 +86,16 @@ class Seats:
         return max(0, self.slots - self.active) if self.healthy else 0
 
 
+@dataclass(frozen=True, slots=True)
+class Share:
+    """Whose a waiter is, for a `fair` line: its tenant, the tenant's weight (served tokens
+    count 1/weight against it) and its prompt's estimated tokens (charged at its grant)."""
+
+    tenant: str
+    weight: float = 1.0
+    prompt_tokens: int = 0
+
+
 class Lease(Protocol):
     """One held slot, on one replica. `release` is idempotent and must run on every path."""
 
@@ -102,6 +112,10 @@ class Lease(Protocol):
 
     # Its answer's cap and relay counter, read by the pool's forecast (this process only).
     def follow(self, progress: Progress) -> None: ...
+
+    # Its answer's output tokens, as counted when it ended (before `release`): what a
+    # `fair` line charges its tenant beyond the prompt (else the relay's count so far).
+    def charge(self, output_tokens: int) -> None: ...
 
     async def release(self) -> None: ...
 
@@ -146,9 +160,11 @@ class SlotPool(Protocol):
     # A ticket, or None when the queue is full (and holds no one to displace). `want`: the
     # replica of the group it would rather run on (a hint a pool may use, or not).
     # `max_tokens`: its request's cap, for the forecast of the places behind it.
+    # `share`: its tenant, for a `fair` line (None: a tenant of its own, weight 1).
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
-                      max_tokens: int | None = None) -> Ticket | None: ...
+                      max_tokens: int | None = None,
+                      share: Share | None = None) -> Ticket | None: ...
 
     def seats(self) -> tuple[Seats, ...]: ...  # each replica's slots, held and health
 

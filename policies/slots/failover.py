@@ -26,6 +26,7 @@ from policies.slots.base import (
     PoolUnavailable,
     QueueTimeout,
     Seats,
+    Share,
     Ticket,
 )
 from policies.slots.local import LocalSlotPool
@@ -169,11 +170,12 @@ class FailoverPool:
 
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
-                      max_tokens: int | None = None) -> Ticket | None:
+                      max_tokens: int | None = None,
+                      share: Share | None = None) -> Ticket | None:
         try:
-            ticket = await self.shared.enqueue(priority, max_tokens=max_tokens)
+            ticket = await self.shared.enqueue(priority, max_tokens=max_tokens, share=share)
         except CoordinationError:
-            return self._local().enqueue_nowait(priority, max_tokens=max_tokens)
+            return self._local().enqueue_nowait(priority, max_tokens=max_tokens, share=share)
         return None if ticket is None else FailoverTicket(self, ticket, priority)
 
     async def local_ticket(self, priority: Priority, max_tokens: int | None = None) -> Ticket:

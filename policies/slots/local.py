@@ -26,6 +26,7 @@ from policies.slots.base import (
     QueueShed,
     QueueTimeout,
     Seats,
+    Share,
 )
 from policies.slots.line import Line
 
@@ -55,6 +56,9 @@ class LocalLease:
     def follow(self, progress: Progress) -> None:
         self.progress = progress
         self._pool._forecasts.clear()  # the remainder it implies differs from a guess
+
+    def charge(self, output_tokens: int) -> None:
+        pass
 
     async def release(self) -> None:
         self.release_now()
@@ -273,12 +277,14 @@ class LocalSlotPool:
 
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
-                      max_tokens: int | None = None) -> LocalTicket | None:
-        return self.enqueue_nowait(priority, want, max_tokens)
+                      max_tokens: int | None = None,
+                      share: Share | None = None) -> LocalTicket | None:
+        return self.enqueue_nowait(priority, want, max_tokens, share)
 
     def enqueue_nowait(self, priority: Priority = Priority.STANDARD,
                        want: str | None = None,
-                       max_tokens: int | None = None) -> LocalTicket | None:
+                       max_tokens: int | None = None,
+                       share: Share | None = None) -> LocalTicket | None:
         rank = priority.rank
         if self.queued >= self.queue_limit:
             victims = self._lines[SHEDDABLE]

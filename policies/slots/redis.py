@@ -30,7 +30,14 @@ from policies.breaker import BreakerState
 from policies.config import Priority
 from policies.forecast import line_starts, seen_here
 from policies.holds import HoldTimeModel
-from policies.slots.base import FORECAST_TTL_S, CoordinationError, PoolSnapshot, QueueShed, Seats
+from policies.slots.base import (
+    FORECAST_TTL_S,
+    CoordinationError,
+    PoolSnapshot,
+    QueueShed,
+    Seats,
+    Share,
+)
 from policies.slots.coordinator import RETRIES, RedisCoordinator
 from policies.slots.lua import KEY_NAMES, SHED, WAKING_KINDS
 from policies.slots.seating import GroupView, from_message, from_reply
@@ -151,7 +158,8 @@ class RedisSlotPool:
 
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
-                      max_tokens: int | None = None) -> RedisTicket | None:
+                      max_tokens: int | None = None,
+                      share: Share | None = None) -> RedisTicket | None:
         ticket_id = _new_id()
         try:
             position, *counts = await self.coordinator.call(

@@ -73,6 +73,9 @@ class RedisLease:
     def follow(self, progress: Progress) -> None:
         self.progress = progress
 
+    def charge(self, output_tokens: int) -> None:
+        pass
+
     async def release(self) -> None:
         if self.released:
             return

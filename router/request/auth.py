@@ -28,6 +28,7 @@ class Caller:
     admin: bool
     digest: bytes
     priority: Priority = Priority.STANDARD
+    weight: float = 1.0  # its tenant's share of a `fair` line
 
 
 # The codes of the key check's refusals, counted in slotgate_auth_failures_total by code
@@ -76,7 +77,7 @@ class Keyring:
                         "not set", None)], "environment")
                 digest = hashlib.sha256(secret.encode()).digest()
             self._by_digest[digest] = Caller(key.id, key.tenant, key.admin, digest,
-                                             key.priority)
+                                             key.priority, key.weight)
 
     def caller(self, request: web.Request) -> Caller | None:
         """The caller of a request; raises a 401 when auth is on and the key is wrong."""
