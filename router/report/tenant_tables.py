@@ -60,7 +60,7 @@ def tenant_html(report: dict[str, Any]) -> str:
 def tenant_csv(report: dict[str, Any]) -> list[tuple[str, dict[str, Any], list[Any]]]:
     """(backend, the tenant's figures, values under CSV_HEADINGS) per tenant of each
     backend; Jain's index (and whether weighted) is its backend's, on each of its lines."""
-    out = []
+    out: list[tuple[str, dict[str, Any], list[Any]]] = []
     for backend in report.get("tenants", ()):
         f = backend["fairness"]
         jain = "" if f["jain"] is None else f["jain"]

@@ -194,10 +194,13 @@ class Metrics:
                 self.replica_ttft.observe(self.replica_ttft.series((rec.backend, rec.replica)),
                                           rec.ttft_ms / 1000)
 
+    def tenant_label(self, tenant: str | None) -> str:
+        """The tenant label of a request of `tenant`."""
+        return tenant if tenant in self._tenants else OTHER_TENANT
+
     def _tenant_share(self, rec: RequestRecord, backend: str) -> None:
         """Its tokens, and its wait if it reached the line (got a slot, or waited and left)."""
-        tenant = rec.tenant if rec.tenant in self._tenants else OTHER_TENANT
-        labels = (backend, tenant)
+        labels = (backend, rec.tenant if rec.tenant in self._tenants else OTHER_TENANT)
         if rec.prompt_tokens is not None:
             self.tenant_tokens.add(labels, rec.prompt_tokens + (rec.completion_tokens or 0))
         if rec.slot_at is not None or rec.queue_wait_ms:
