@@ -6,19 +6,55 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from policies.config import ApiKeyConfig
+from router.config import config_from_dict
 from router.ledger.base import LedgerRow
 from router.report.build import build_report
 from router.report.render import render_csv, render_html, render_json, render_text
 from router.report.tenants import MORE, TENANT_ROWS, tenant_weights
-from tests.support import hand_ledger, row
+from tests.support import (
+    MESSAGES,
+    SdkClients,
+    StartGateway,
+    gateway_config,
+    hand_ledger,
+    row,
+    rows_of,
+    sim_backend,
+)
+from tests.support.tenants import KEYS, with_tenants
 
 WEIGHTS = {"acme": 2.0, "beta": 1.0}
+
+
+async def test_a_gateways_ledger_reports_its_tenants(
+    start: StartGateway, sdk: SdkClients, tmp_path: Path
+) -> None:
+    raw = with_tenants(gateway_config(sim_backend("m", slots=2)))
+    raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3")}
+    gw = await start(raw)
+    served = {"acme": 0, "beta": 0}
+    for tenant in ("acme", "acme", "beta"):
+        answer = await sdk(gw, api_key=KEYS[tenant]).chat.completions.create(
+            model="chat", messages=MESSAGES)
+        assert answer.usage is not None
+        served[tenant] += answer.usage.total_tokens
+    rows = await rows_of(gw, raw["ledger"]["path"])
+    weights = tenant_weights(config_from_dict(raw).auth.keys)
+    assert weights == WEIGHTS
+    (big,) = build_report(rows, weights=weights)["tenants"]
+    assert big["backend"] == "big"
+    assert {t["tenant"]: (t["requests"], t["tokens"]) for t in big["tenants"]} == {
+        "acme": (2, served["acme"]), "beta": (1, served["beta"])}
+    x = [served["acme"] / 2, served["beta"] / 1]
+    assert big["fairness"] == {"jain": pytest.approx(sum(x) ** 2 / (2 * (x[0] ** 2 + x[1] ** 2))),
+                               "weighted": True, "tenants": 2}
 
 
 def of(tenant: str | None, key: str, backend: str | None, status: int = 200, *,

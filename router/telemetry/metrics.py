@@ -200,7 +200,7 @@ class Metrics:
 
     def _tenant_share(self, rec: RequestRecord, backend: str) -> None:
         """Its tokens, and its wait if it reached the line (got a slot, or waited and left)."""
-        labels = (backend, rec.tenant if rec.tenant in self._tenants else OTHER_TENANT)
+        labels = (backend, self.tenant_label(rec.tenant))
         if rec.prompt_tokens is not None:
             self.tenant_tokens.add(labels, rec.prompt_tokens + (rec.completion_tokens or 0))
         if rec.slot_at is not None or rec.queue_wait_ms:
