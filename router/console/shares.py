@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from router.record import RequestRecord
 
-Share = dict[str, object]  # {"tenant", "tokens", "share", "waiting"}
+TenantRow = dict[str, object]  # {"tenant", "tokens", "share", "waiting"}
 
 
 @runtime_checkable
@@ -30,7 +30,7 @@ def waiting(pool: object) -> Mapping[str, int] | None:
 
 def tenant_shares(recent: Sequence[RequestRecord], busy: Mapping[str, object],
                   label: Callable[[str | None], str], since: float
-                  ) -> dict[str, list[Share]]:
+                  ) -> dict[str, list[TenantRow]]:
     """For each pool of `busy` (name -> pool), its tenants, most tokens first: the tokens
     served by requests that ended after `since` (perf_counter seconds; `recent` newest
     last), their share of the pool's, and the requests waiting (None: not known)."""
@@ -43,7 +43,7 @@ def tenant_shares(recent: Sequence[RequestRecord], busy: Mapping[str, object],
             tenant = label(rec.tenant)
             served[tenant] = (served.get(tenant, 0) + rec.prompt_tokens
                               + (rec.completion_tokens or 0))
-    out: dict[str, list[Share]] = {}
+    out: dict[str, list[TenantRow]] = {}
     for name, pool in busy.items():
         waiters: dict[str, int] | None = None
         if (told := waiting(pool)) is not None:
