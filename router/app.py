@@ -82,6 +82,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             gw.coordinator = await start_coordinator(gw.config.coordination)
         gw.keyring = Keyring(gw.config.auth)
         gw.quotas = Quotas(gw.config.auth.keys)
+        gw.metrics.tenants(gw.config.auth)  # before the backends: their zeros per tenant
         gw.health.probe = lambda name: health_check(gw, name)
         gw.replica_health.probe = lambda name, replica: replica_check(gw, name, replica)
         for name, backend in gw.config.backends.items():

@@ -70,6 +70,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         raise ReloadRefused([str(p) for p in exc.problems]) from None
     gw.config, gw.keyring = new, keyring  # from here on, new requests see the new config
     gw.quotas.configure(new.auth.keys)  # running counts and this period's spend are kept
+    gw.metrics.tenants(new.auth)  # the tenant label's values
     changes = []
     for name, backend in new.backends.items():
         if name not in gw.backends:

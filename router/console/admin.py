@@ -61,6 +61,7 @@ def admin(request: web.Request) -> None:
 
 async def _report(request: web.Request) -> web.Response:
     from router.report.build import build_report, parse_when  # numpy: only when asked
+    from router.report.tenants import tenant_weights
 
     gw = request.app[GATEWAY]
     if gw.ledger is None:
@@ -84,7 +85,8 @@ async def _report(request: web.Request) -> web.Response:
         raise ApiError(404, "The ledger has no rows for this filter.", code="no_rows")
     try:
         body = await asyncio.to_thread(  # the bootstrap is CPU work: off the event loop
-            build_report, rows, currency=gw.config.currency, baseline=query.get("baseline"))
+            build_report, rows, currency=gw.config.currency, baseline=query.get("baseline"),
+            weights=tenant_weights(gw.config.auth.keys))
     except ValueError as exc:
         raise ApiError(400, str(exc), param="baseline") from None
     return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from policies.config import Public
+from router.console.shares import tenant_shares
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import ApiError, not_found
 from router.sse import SSE_HEADERS
@@ -170,12 +171,18 @@ def pools_event(gw: Gateway) -> bytes:
 
 def pool_rows(gw: Gateway, now: float | None = None) -> list[dict[str, object]]:
     """One row per pool: slots, queue, next-slot ETA, 429s and fallbacks in the last minute,
-    and its replicas' slots."""
-    rejected, fallback = _recent_counts(gw, time.perf_counter() if now is None else now)
+    and its replicas' slots; with keys configured, a pool with a queue has its tenants'
+    tokens served in the last minute and their waiting requests."""
+    now = time.perf_counter() if now is None else now
+    rejected, fallback = _recent_counts(gw, now)
+    snaps = {name: backend.pool.snapshot() for name, backend in gw.backends.items()}
+    busy = {name: gw.backends[name].pool for name, snap in snaps.items() if snap.queued}
+    shares = (tenant_shares(gw.recent, busy, gw.metrics.tenant_label, now - WINDOW_S)
+              if busy and gw.config.auth.keys else {})
     rows: list[dict[str, object]] = []
     for name, backend in gw.backends.items():
         pool = backend.pool
-        snap = pool.snapshot()
+        snap = snaps[name]
         full = snap.active >= snap.capacity
         rows.append({
             "name": name,
@@ -192,6 +199,7 @@ def pool_rows(gw: Gateway, now: float | None = None) -> list[dict[str, object]]:
             # each replica of its group (one for a plain backend)
             "replicas": [{"name": s.name, "slots": s.slots, "active": s.active,
                           "healthy": s.healthy} for s in pool.seats()],
+            "tenants": shares.get(name, []),
         })
     return rows
 

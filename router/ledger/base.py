@@ -33,7 +33,7 @@ class LedgerRow:
     primary: str | None  # that route's primary backend
     experiment: str | None
     arm: str | None
-    tenant: str | None  # the API key id (a hash prefix, never the key)
+    tenant: str | None  # the key's tenant (auth on), else a hash prefix of the key
     backend: str | None  # the backend that served it (or would have)
     reason: str | None  # primary | fallback:overflow | fallback:simple:<intent>:<p>
     intent: str | None

@@ -31,6 +31,9 @@ backend the key is absent, so such a report is the same as before the ledger kep
 Client APIs: "apis" holds each API's figures over all arms when the rows hold more than
 one (router/report/apis.py).
 
+Tenants: "tenants" holds each backend's split between tenants and Jain's fairness index
+over it (router/report/tenants.py), absent when no row has a tenant.
+
 TTFT objectives: "slo" holds each arm's and each class's attainment (router/report/slo.py
 defines it), absent when no row has an objective.
 
@@ -45,7 +48,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from math import fsum
 from typing import Any, Final
@@ -58,6 +61,7 @@ from policies.failures import FailureKind, code
 from router.ledger.base import LedgerRow
 from router.report.apis import api_breakdown
 from router.report.slo import slo_breakdown
+from router.report.tenants import tenant_breakdown
 
 NONE_GROUP = "(none)"
 QUANTILE_METHOD: Final = "linear"
@@ -79,8 +83,10 @@ def build_report(
     resamples: int = 2000,
     seed: int = 0,
     buckets: int = 20,
+    weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The whole report; raises ValueError on no rows, an unknown baseline or bad counts."""
+    """The whole report (`weights`: each tenant's, from the config); raises ValueError on
+    no rows, an unknown baseline or bad counts."""
     if not rows:
         raise ValueError("no ledger rows to report on")
     if resamples < 1 or buckets < 1:
@@ -125,6 +131,8 @@ def build_report(
         report["slo"] = slo
     if (apis := api_breakdown(rows, group_stats)) is not None:  # router/report/apis.py
         report["apis"] = apis
+    if (tenants := tenant_breakdown(rows, group_stats, weights or {})) is not None:
+        report["tenants"] = tenants
     return report
 
 

@@ -15,10 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from policies.config import Config
 from router.config import ConfigError, from_env, load_config
 from router.ledger.base import LedgerRow, RowFilter
 from router.report.build import NONE_GROUP, build_report, parse_when
 from router.report.render import render_csv, render_html, render_json, render_text
+from router.report.tenants import tenant_weights
 
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
@@ -49,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _usage_error(parser, str(exc))
     try:
-        target, currency = _ledger_and_currency(args.config, args.ledger)
+        target, config = _ledger_and_config(args.config, args.ledger)
         rows = asyncio.run(fetch_rows(target, where))
         if not rows:
             raise ReportError(f"{_public(target)}: {_nothing_found(where)}")
@@ -57,7 +59,8 @@ def _run(args: argparse.Namespace) -> int:
             arms = ", ".join(sorted({_arm(r) for r in rows}))
             return _usage_error(parser, f"--baseline {args.baseline!r} is not an arm "
                                         f"of these rows (arms: {arms})")
-        report = build_report(rows, currency=currency, baseline=args.baseline)
+        report = build_report(rows, currency=config.currency, baseline=args.baseline,
+                              weights=tenant_weights(config.auth.keys))
     except ReportError as exc:
         print(f"slotgate report: {exc}", file=sys.stderr)
         return 1
@@ -71,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--config", help="YAML config (default: the embedded config.yaml); "
-                                         "names the ledger and the currency")
+                                         "names the ledger, the currency and the tenants' "
+                                         "weights")
     parser.add_argument("--ledger", metavar="PATH_OR_URL",
                         help="a SQLite file or a postgresql:// URL (overrides the config)")
     parser.add_argument("--since", metavar="WHEN",
@@ -95,7 +99,7 @@ def _usage_error(parser: argparse.ArgumentParser, message: str) -> int:
     return 2
 
 
-def _ledger_and_currency(config_path: str | None, ledger: str | None) -> tuple[str, str]:
+def _ledger_and_config(config_path: str | None, ledger: str | None) -> tuple[str, Config]:
     try:
         config = load_config(config_path)
         target = ledger or from_env(config.ledger.target, config.ledger.url_env,
@@ -108,7 +112,7 @@ def _ledger_and_currency(config_path: str | None, ledger: str | None) -> tuple[s
                           "name one with --ledger")
     if not target.startswith(POSTGRES_PREFIXES) and not Path(target).is_file():
         raise ReportError(f"{target}: no such ledger file")
-    return target, config.currency
+    return target, config
 
 
 async def fetch_rows(target: str, where: RowFilter) -> list[LedgerRow]:

@@ -20,6 +20,8 @@ import orjson
 from router.report.apis import api_html, api_text
 from router.report.charts import cost_chart, share_chart, wait_chart
 from router.report.slo_tables import CSV_HEADINGS, slo_csv, slo_html, slo_text
+from router.report.tenant_tables import CSV_HEADINGS as TENANT_HEADINGS
+from router.report.tenant_tables import tenant_csv, tenant_html, tenant_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,23 +112,32 @@ def render_csv(report: dict[str, Any]) -> str:
     With a replica breakdown, two more columns, replica and share, and a line per replica
     of each backend (scope "replica", all arms: arm empty). With TTFT objectives, six more
     (class ... attainment) and a line per class of all arms and of each arm (scope "slo").
+    With tenants, six more (tenant ... jain_weighted) and a line per tenant of each backend
+    (scope "tenant", all arms).
     """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     replicas = [g for g in replica_groups(report) if g[0] == "replica"]
     slo = slo_csv(report)
+    tenants = tenant_csv(report)
     extra: tuple[str, ...] = ("", "") if replicas else ()
     slo_extra: tuple[str, ...] = ("",) * len(CSV_HEADINGS) if slo else ()
+    tenant_extra: tuple[str, ...] = ("",) * len(TENANT_HEADINGS) if tenants else ()
     writer.writerow(("scope", "arm", "backend", *CSV_KEYS, *(("replica", "share") if replicas
                                                              else ()),
-                     *(CSV_HEADINGS if slo else ())))
+                     *(CSV_HEADINGS if slo else ()), *(TENANT_HEADINGS if tenants else ())))
     for scope, arm, backend, figures in groups(report):
-        writer.writerow((scope, arm, backend, *_csv_figures(figures), *extra, *slo_extra))
+        writer.writerow((scope, arm, backend, *_csv_figures(figures), *extra, *slo_extra,
+                         *tenant_extra))
     for scope, backend, replica, figures in replicas:
         writer.writerow((scope, "", backend, *_csv_figures(figures), replica, figures["share"],
-                         *slo_extra))
+                         *slo_extra, *tenant_extra))
     for scope, arm, values in slo:
-        writer.writerow((scope, arm, "", *[""] * len(CSV_KEYS), *extra, *values))
+        writer.writerow((scope, arm, "", *[""] * len(CSV_KEYS), *extra, *values,
+                         *tenant_extra))
+    for backend, figures, values in tenants:
+        writer.writerow(("tenant", "", backend, *_csv_figures(figures), *extra, *slo_extra,
+                         *values))
     return buffer.getvalue()
 
 
@@ -143,6 +154,7 @@ def render_text(report: dict[str, Any]) -> str:
             label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
             lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
     lines += _text_replicas(report) + api_text(report) + slo_text(report)
+    lines += tenant_text(report)
     lines += _text_comparisons(report)
     lines += _text_timeseries(report)
     return "\n".join(lines) + "\n"
@@ -276,6 +288,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(apis)
     if slo := slo_html(report):
         parts.append(slo)
+    if tenants := tenant_html(report):
+        parts.append(tenants)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -1,6 +1,6 @@
 """Every Prometheus collector, in one place, on a registry owned by one gateway.
 
-Label values come from the config (backend and route names) or from closed sets
+Label values come from the config (backend, route and tenant names) or from closed sets
 (reasons, phases, status classes, client APIs), never from a request, so cardinality is
 bounded.
 """
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.config import Priority
+from policies.config import AuthConfig, Priority
 from policies.failures import FailureKind, metric_kind
 from policies.pick import PickReason
 from policies.slo import Verdict
@@ -34,6 +34,7 @@ CLASSIFIER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
 # log2(actual / predicted TTFT): 0 is exact, 1 twice as late as forecast, -1 twice as soon.
 FORECAST_BUCKETS = (-3.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
 _FORECAST_FLOOR_MS = 1.0  # both sides, so that a forecast of 0 has a finite ratio
+OTHER_TENANT = "other"  # the tenant label of a request of no configured tenant
 
 class Metrics:
     def __init__(self) -> None:
@@ -92,11 +93,20 @@ class Metrics:
         self.forecast_error = Spread("slotgate_ttft_forecast_log_ratio", "log2 of a request's "
                                      "actual TTFT over the one predicted at its admission",
                                      ["backend", "class"], FORECAST_BUCKETS)
+        # Each tenant's part of a backend (`tenant`: a configured key's tenant, else
+        # OTHER_TENANT), counted as requests end; kept only when keys are configured.
+        self.tenant_tokens = Tally("slotgate_tenant_tokens", "Tokens served to a tenant "
+                                   "(prompt and completion)", ["backend", "tenant"])
+        self.tenant_wait = Spread("slotgate_tenant_queue_wait_seconds", "Time a tenant's "
+                                  "requests waited for a slot (0 when one was free)",
+                                  ["backend", "tenant"], BUCKETS)
+        self._tenants: frozenset[str] = frozenset()  # the label's values, OTHER_TENANT aside
+        self._by_tenant = False  # any key configured
         self._groups: set[str] = set()  # the pools of more than one replica
         for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
                       self.auth_failures, self.replica_requests, self.replica_ttft,
                       self.picks, self.prefix_lookups, self.slo_attained, self.slo_missed,
-                      self.forecast_error):
+                      self.forecast_error, self.tenant_tokens, self.tenant_wait):
             r.register(tally)
 
     def held(self, pool: str, seconds: float) -> None:
@@ -114,6 +124,21 @@ class Metrics:
               registry=self.registry).set_function(lambda: ledger.pending)
         self.registry.register(_LedgerCollector(ledger))
 
+    def tenants(self, auth: AuthConfig) -> None:
+        """The tenant label's values: the configured keys' tenants (auth on; with it off a
+        request's tenant is a hash of its key: OTHER_TENANT), and OTHER_TENANT. Called at
+        startup and on every reload; series of tenants no longer configured keep their
+        counts."""
+        self._by_tenant = bool(auth.keys)
+        self._tenants = frozenset(k.tenant for k in auth.keys) if auth.enabled else frozenset()
+        for pool in self._pools:
+            self._tenant_zeros(pool)
+
+    def _tenant_zeros(self, pool: str) -> None:
+        if self._by_tenant:
+            for tenant in (*self._tenants, OTHER_TENANT):
+                self.tenant_tokens.add((pool, tenant), 0.0)
+
     def watch(self, pool: SlotPool) -> None:
         """Export the pool's series, zeros before its first request (again after a reload
         changed it: a backend may have become a group)."""
@@ -121,6 +146,7 @@ class Metrics:
         self.queue_wait.labels(pool.name)
         self.holding.series((pool.name,))
         self._groups.discard(pool.name)
+        self._tenant_zeros(pool.name)
         for priority in Priority:
             self.slo_attained.add((pool.name, priority.value), 0.0)
             self.slo_missed.add((pool.name, priority.value), 0.0)
@@ -150,6 +176,8 @@ class Metrics:
             self.fallbacks.labels(primary, rec.backend, intent).inc()
         if rec.backend is None:
             return
+        if self._by_tenant:  # without keys, no request has a tenant: nothing to count
+            self._tenant_share(rec, rec.backend)
         if rec.ttft_ms is not None:
             self.ttft.observe(self.ttft.series((rec.backend, rec.api)), rec.ttft_ms / 1000)
         if rec.prompt_tokens is not None:
@@ -165,6 +193,18 @@ class Metrics:
             if rec.ttft_ms is not None:
                 self.replica_ttft.observe(self.replica_ttft.series((rec.backend, rec.replica)),
                                           rec.ttft_ms / 1000)
+
+    def tenant_label(self, tenant: str | None) -> str:
+        """The tenant label of a request of `tenant`."""
+        return tenant if tenant in self._tenants else OTHER_TENANT
+
+    def _tenant_share(self, rec: RequestRecord, backend: str) -> None:
+        """Its tokens, and its wait if it reached the line (got a slot, or waited and left)."""
+        labels = (backend, self.tenant_label(rec.tenant))
+        if rec.prompt_tokens is not None:
+            self.tenant_tokens.add(labels, rec.prompt_tokens + (rec.completion_tokens or 0))
+        if rec.slot_at is not None or rec.queue_wait_ms:
+            self.tenant_wait.observe(self.tenant_wait.series(labels), rec.queue_wait_ms / 1000)
 
     def judged(self, rec: RequestRecord, verdict: Verdict) -> bool:
         """Count a request's verdict on its TTFT objective (and, with a first token, how far

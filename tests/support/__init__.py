@@ -3,7 +3,7 @@ the SDK clients, waiting for a condition (event-driven; polling only where the g
 no signal), `slotgate serve` processes, ledger rows and ordered sends. Test modules import
 from here (fixtures come from conftest.py), never from one another (tests/test_house.py).
 Tools of one family of tests sit beside it: canaries (secrets), engines (the upstream
-client's raw servers), pools (the slot-pool contract).
+client's raw servers), pools (the slot-pool contract), tenants (two tenants' keys).
 """
 
 from __future__ import annotations

@@ -82,9 +82,53 @@ function makeCard(pool) {
   slotsBlock.append(replicas);
   const queueBlock = el("div");
   queueBlock.append(queueRow, queue);
-  root.append(title, slotsBlock, queueBlock, figures);
+  const tenants = makeTenants(id);
+  root.append(title, slotsBlock, queueBlock, tenants.wrap, figures);
   return { root, slots, slotsText, queue, queueFill, queueText, eta, rejected, fallback,
-           capacity: -1, id, replicas, replicaNames: "", replicaRows: [] };
+           capacity: -1, id, replicas, replicaNames: "", replicaRows: [], tenants };
+}
+
+// A pool with a queue: each tenant's share of its tokens served in the last minute, and
+// its requests waiting ("–" while the pool's line cannot tell).
+function makeTenants(id) {
+  const wrap = el("div", "tenants");
+  wrap.hidden = true;
+  const table = el("table");
+  const caption = el("caption", "", "Tenants · tokens served (1 min)");
+  caption.id = `${id}-tenants`;
+  const head = el("tr");
+  for (const name of ["Tenant", "Tokens", "Share", "Waiting"]) {
+    const th = el("th", "", name);
+    th.scope = "col";
+    head.append(th);
+  }
+  const thead = el("thead");
+  thead.append(head);
+  const body = el("tbody");
+  table.append(caption, thead, body);
+  wrap.append(table);
+  return { wrap, body };
+}
+
+function renderTenants(card, pool) {
+  const list = Array.isArray(pool.tenants) ?
+    pool.tenants.filter((t) => t && typeof t.tenant === "string") : [];
+  card.tenants.wrap.hidden = list.length === 0;
+  card.tenants.body.replaceChildren(...list.map((t) => {
+    const row = el("tr");
+    row.dataset.tenant = t.tenant;
+    const share = t.share === null || t.share === undefined ? null : Number(t.share);
+    const name = el("th", "", t.tenant);
+    name.scope = "row";
+    const shareCell = el("td", "share", share === null ? "–" : `${(100 * share).toFixed(1)}%`);
+    const part = share === null ? 0 : Math.min(100, Math.max(0, 100 * share));
+    shareCell.style.background = // a bar behind the figure
+      `linear-gradient(to right, var(--accent-soft) ${part}%, transparent ${part}%)`;
+    const waiting = t.waiting === null || t.waiting === undefined ? "–" : String(t.waiting | 0);
+    row.append(name, el("td", "", String(Math.max(0, Number(t.tokens) || 0))), shareCell,
+               el("td", "", waiting));
+    return row;
+  }));
 }
 
 // A group of replicas: one thin bar per replica under the pool's bar (none for one).
@@ -167,6 +211,7 @@ function render(pools) {
     }
     renderSlots(card, pool);
     renderReplicas(card, pool);
+    renderTenants(card, pool);
     const limit = Math.max(0, pool.queue_limit | 0);
     const depth = Math.max(0, pool.queued | 0);
     card.queueText.textContent = `${depth} / ${limit}`;
