@@ -1,19 +1,23 @@
 """`queue_order: fair` through a real gateway: two tenants' keys, a simulated engine, the
 official SDK as client. A light tenant's streams start among the first grants, not behind
 a heavy tenant's backlog (the order read from the gateway's records: when each got its
-slot, not how long anything took); and a waiter moved back by a light tenant lining up
-ahead of it hears its new, larger position."""
+slot, not how long anything took); a waiter moved back by a light tenant lining up
+ahead of it hears its new, larger position; a reload to `fair` reorders the waiters."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+import yaml
 from openai import AsyncOpenAI
 
+from router.app import start_gateway
+from router.config import load_config
 from tests.support import (
     MESSAGES,
     SdkClients,
@@ -129,3 +133,33 @@ async def test_a_waiter_moved_back_hears_its_larger_position(
                      key=lambda r: r.slot_at or 0)
     assert [r.tenant for r in granted] == ["heavy", "heavy", "light", "heavy", "heavy"]
     await assert_idle(gw)
+
+
+async def test_a_reload_to_fair_reorders_the_waiters(sdk: SdkClients, tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    raw = config(slots=1, queue_limit=10)
+    raw["backends"]["big"]["queue_order"] = "fifo"
+    raw["auth"]["keys"][0]["admin"] = True  # heavy's key may reload
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    gw = await start_gateway(load_config(path), "127.0.0.1", 0, config_path=str(path))
+    try:
+        sim = engine(gw)
+        sim.hold()
+        heavy, light = (sdk(gw, api_key=KEYS[t]) for t in ("heavy", "light"))
+        tasks, _ = await send_in_order(heavy, gw, 3, named("heavy"))
+        more, _ = await send_in_order(light, gw, 1, named("light"))
+        raw["backends"]["big"]["queue_order"] = "fair"
+        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(gw.url + "/admin/reload", headers={
+                    "Authorization": f"Bearer {KEYS['heavy']}"}) as resp:
+                assert resp.status == 200, await resp.text()
+        sim.release()
+        assert all(await asyncio.gather(*tasks, *more))
+        granted = sorted((r for r in gw.gateway.recent if r.slot_at),
+                         key=lambda r: r.slot_at or 0)
+        assert [r.request_id for r in granted] == [  # (fifo: the light one last)
+            "heavy-req-0", "heavy-req-1", "light-req-0", "heavy-req-2"]
+        await assert_idle(gw)
+    finally:
+        await gw.close()
