@@ -6,19 +6,47 @@ The pool (`policies.slots.local`) owns their state; these are its handles. No I/
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from policies.forecast import Progress
-from policies.slots.base import QueueTimeout, Share
+from policies.slots.base import Clock, QueueTimeout, Share
 
-if TYPE_CHECKING:
-    from policies.slots.local import LocalSlotPool
+
+class Charges(Protocol):
+    """A fair line's counters, as a lease tells them its answer's tokens."""
+
+    def charged(self, lease: LocalLease, output_tokens: int) -> None: ...
+
+
+class Owner(Protocol):
+    """What a lease and a ticket ask of their pool (`policies.slots.local`), named here
+    so that this module need not import it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def _forecasts(self) -> dict[int, float]: ...
+
+    @property
+    def _fair(self) -> Charges | None: ...
+
+    def forecast(self, position: int) -> float: ...
+
+    def _position(self, ticket: LocalTicket) -> int: ...
+
+    def _leave(self, ticket: LocalTicket) -> None: ...
+
+    def _release(self, lease: LocalLease) -> None: ...
 
 
 class LocalLease:
     __slots__ = ("_granted_at", "_pool", "progress", "released", "replica")
 
-    def __init__(self, pool: LocalSlotPool, granted_at: float, replica: str,
+    def __init__(self, pool: Owner, granted_at: float, replica: str,
                  max_tokens: int | None = None) -> None:
         self._pool = pool
         self._granted_at = granted_at
@@ -59,7 +87,7 @@ class LocalTicket:
     __slots__ = ("_claimed", "_future", "_pool", "bypassed", "enqueued_at", "max_tokens",
                  "rank", "seq", "share", "want")
 
-    def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease],
+    def __init__(self, pool: Owner, future: asyncio.Future[LocalLease],
                  rank: int, want: str | None = None, max_tokens: int | None = None,
                  share: Share | None = None) -> None:
         self._pool = pool
