@@ -2,7 +2,8 @@
 kept behind a heavy one's backlog, weights share the tokens, a tenant back from idle is
 lifted (no credit), FIFO within a tenant, classes first, the streamed tokens count while
 they stream, places may move back (and `next_move` says so), and a switch of order keeps
-the waiters. Every grant is a release's hand-off, awaited: nothing sleeps."""
+the waiters, a resize and shedding work as in a fifo line. Every grant is a release's
+hand-off, awaited: nothing sleeps."""
 
 from __future__ import annotations
 
@@ -180,5 +181,40 @@ async def test_a_switch_of_order_keeps_the_waiters_in_arrival_order() -> None:
     assert [t.position for t in tickets] == [1, 2, 3, 4]
     for ticket in tickets:
         await ticket.withdraw()
+    await lease.release()
+    assert (pool.active, pool.queued) == (0, 0)
+
+
+async def test_a_resize_serves_the_waiters_in_fair_order() -> None:
+    pool = fair_pool(capacity=1)
+    lease = await acquired(pool)
+    tickets = {}
+    for tenant, n in (("heavy", 3), ("light", 1)):
+        for i in range(n):
+            ticket = await pool.enqueue(share=Share(tenant, 1, PROMPT))
+            assert ticket is not None
+            tickets[tenant, i] = ticket
+    pool.resize(3, 200)  # two more slots: the first two of the fair order take them
+    assert {k for k, t in tickets.items() if t.position == 0} == {("heavy", 0), ("light", 0)}
+    assert (tickets["heavy", 1].position, tickets["heavy", 2].position) == (1, 2)
+    for key in (("heavy", 0), ("light", 0), ("heavy", 1), ("heavy", 2)):
+        await (await tickets[key].wait(1.0)).release()  # each slot handed over in turn
+    await lease.release()
+    assert (pool.active, pool.queued) == (0, 0)
+
+
+async def test_a_full_fair_line_sheds_its_newest_sheddable_waiter() -> None:
+    pool = fair_pool(capacity=1, queue_limit=3)
+    lease = await acquired(pool)
+    line: list[Ticket] = []
+    for tenant in ("light", "heavy", "heavy"):
+        ticket = await pool.enqueue(Priority.SHEDDABLE, share=Share(tenant, 1, PROMPT))
+        assert ticket is not None
+        line.append(ticket)
+    gold = await pool.enqueue(Priority.CRITICAL, share=Share("heavy", 1, PROMPT))
+    assert gold is not None and gold.position == 1
+    assert pool.queued == 3 and [t.position for t in line] == [2, 3, 0]  # the newest shed
+    for left in (gold, *line):
+        await left.withdraw()
     await lease.release()
     assert (pool.active, pool.queued) == (0, 0)
