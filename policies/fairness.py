@@ -51,10 +51,11 @@ class Counters:
     def get(self, tenant: str) -> float:
         return self.served.get(tenant, 0.0)
 
-    def lift(self, tenant: str, waiting: Iterable[float]) -> None:
+    def lift(self, tenant: str, waiting: Iterable[float], running: float = 0.0) -> None:
         """`tenant` lines up with none of its own waiting; `waiting`: the counters of the
-        tenants that have waiters now."""
-        floor = min(waiting, default=self.last)
+        tenants that have waiters now; `running`: what its running answers have added to
+        its own so far, not yet folded in (its live counter is lifted, not the folded one)."""
+        floor = min(waiting, default=self.last) - running
         if self.served.get(tenant, 0.0) < floor:
             self.served[tenant] = floor
 
@@ -67,10 +68,12 @@ class Counters:
     def trim(self, busy: Iterable[str]) -> None:
         """Keep at most `limit` counters: the lowest of tenants not in `busy` (waiting or
         running) go first; forgotten, a tenant is lifted like any newcomer when it returns,
-        so losing a low counter takes nothing from anyone."""
+        so losing a low counter takes nothing from anyone. Once over, an eighth more go,
+        so that the sort is paid once per limit / 8 newcomers, not by each."""
         excess = len(self.served) - self.limit
         if excess <= 0:
             return
+        excess += self.limit // 8
         keep = set(busy)
         idle = sorted((c, t) for t, c in self.served.items() if t not in keep)
         for _, tenant in idle[:excess]:

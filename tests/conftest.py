@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
+from policies.config import QueueOrder
 from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
 from router.upstream.client import HttpPool
@@ -180,18 +181,21 @@ async def pool() -> AsyncIterator[HttpPool]:
 # -- the slot pools' contract (tests/test_pool_contract*.py) ------------------------------------
 
 
-@pytest.fixture(params=["local", "redis"])
-def pool_backend(request: pytest.FixtureRequest) -> str | None:
-    """None for a local pool; the url of a private redis-server for a shared one."""
-    if request.param == "local":
-        return None
+@pytest.fixture(params=["local", "local-fair", "redis"])
+def pool_backend(request: pytest.FixtureRequest) -> tuple[str | None, QueueOrder]:
+    """(None, order) for a local pool (`local-fair`: `queue_order: fair`, each waiter a
+    tenant of its own); (the url of a private redis-server, order) for a shared one."""
+    kind, _, order = request.param.partition("-")
+    if kind == "local":
+        return None, QueueOrder(order or "fifo")
     server: RedisServer = request.getfixturevalue("redis_server")
-    return server.url
+    return server.url, QueueOrder(order or "fifo")
 
 
 @pytest.fixture
-async def pool_factory(pool_backend: str | None) -> AsyncIterator[PoolFactory]:
-    factory = PoolFactory(pool_backend)
+async def pool_factory(
+        pool_backend: tuple[str | None, QueueOrder]) -> AsyncIterator[PoolFactory]:
+    factory = PoolFactory(*pool_backend)
     try:
         yield factory
     finally:

@@ -1,7 +1,9 @@
 """The `SlotPool` seam: bounded concurrency per backend, with its mechanisms side by side.
 
     base         the roles (`SlotPool`, `Lease`, `Ticket`), `PoolSnapshot` and the errors
-    local        `LocalSlotPool`: one process, one event loop
+    local        `LocalSlotPool`: one process, one event loop (`local_tickets`: its leases
+                 and tickets, `line`: a class's FIFO line, `fair`: a class's line shared
+                 fairly between tenants)
     redis        `RedisSlotPool`: shared by every process through Redis (`lua`: its scripts,
                  `coordinator`: the one client and wake-up subscription per process,
                  `seating`: its group of engine replicas as this process sees it,

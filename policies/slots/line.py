@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
 
@@ -59,6 +60,10 @@ class Line(Generic[T]):
             del self.tickets[ticket]
             insort(self._gaps, ticket.seq)
         return True
+
+    def in_order(self) -> Iterable[T]:
+        """The tickets in the order they will be served (`FairLine`'s face too)."""
+        return self.tickets
 
     def position(self, ticket: T) -> int:
         """1 for the head; 0 when not in this line."""

@@ -5,7 +5,10 @@ mechanism (asyncio, one event loop). The backend is a group of replicas, each wi
 slots, behind one queue ordered by priority class, then FIFO within a class. A release
 hands the slot (on the replica that freed it) straight to the first live waiter: no
 polling, no wake-all, no barging. When the queue is full, a newcomer of a higher class
-takes the place of the newest `sheddable` waiter, who is told so (`QueueShed`). No I/O.
+takes the place of the newest `sheddable` waiter, who is told so (`QueueShed`). With
+`order_by(QueueOrder.FAIR)` each class's line is shared fairly between tenants instead
+(`policies.slots.fair`): the same hand-off, with the tenant served least first. Its
+leases and tickets: `policies.slots.local_tickets`. No I/O.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from policies.answers import AnswerModel
-from policies.config import Priority
-from policies.forecast import Progress, line_starts
+from policies.config import Priority, QueueOrder
+from policies.forecast import line_starts
 from policies.holds import HoldTimeModel
 from policies.slots.base import (
     FORECAST_TTL_S,
@@ -24,108 +27,16 @@ from policies.slots.base import (
     Clock,
     PoolSnapshot,
     QueueShed,
-    QueueTimeout,
     Seats,
     Share,
 )
+from policies.slots.fair import FairLine, FairShares
 from policies.slots.line import Line
+from policies.slots.local_tickets import LocalLease, LocalTicket
 
+__all__ = ["LocalLease", "LocalSlotPool", "LocalTicket"]
 
-class LocalLease:
-    __slots__ = ("_granted_at", "_pool", "progress", "released", "replica")
-
-    def __init__(self, pool: LocalSlotPool, granted_at: float, replica: str,
-                 max_tokens: int | None = None) -> None:
-        self._pool = pool
-        self._granted_at = granted_at
-        self.replica = replica
-        self.released = False
-        self.progress = Progress(max_tokens)  # what the forecast reads of its answer
-
-    @property
-    def pool(self) -> str:
-        return self._pool.name
-
-    @property
-    def held_s(self) -> float:
-        return self._pool.clock() - self._granted_at
-
-    def lost(self) -> None:
-        return None  # a local slot cannot be taken away
-
-    def follow(self, progress: Progress) -> None:
-        self.progress = progress
-        self._pool._forecasts.clear()  # the remainder it implies differs from a guess
-
-    def charge(self, output_tokens: int) -> None:
-        pass
-
-    async def release(self) -> None:
-        self.release_now()
-
-    def release_now(self) -> None:
-        if not self.released:
-            self.released = True
-            self._pool._release(self)
-
-
-class LocalTicket:
-    __slots__ = ("_claimed", "_future", "_pool", "bypassed", "enqueued_at", "max_tokens",
-                 "rank", "seq", "want")
-
-    def __init__(self, pool: LocalSlotPool, future: asyncio.Future[LocalLease],
-                 rank: int, want: str | None = None, max_tokens: int | None = None) -> None:
-        self._pool = pool
-        self._future = future
-        self._claimed = False
-        self.rank = rank
-        self.seq = 0  # its place in its class's line (set by Line.append)
-        self.enqueued_at = pool.clock()
-        self.want = want  # the replica it would rather run on (its prompt's prefix is there)
-        self.bypassed = 0  # waiters behind it served first (the look-ahead)
-        self.max_tokens = max_tokens  # its request's cap: how long it will hold its slot
-
-    @property
-    def position(self) -> int:
-        return self._pool._position(self)
-
-    async def wait(self, timeout_s: float) -> LocalLease:
-        # The deadline resolves the ticket's own future (a timer, no timeout context per
-        # waiter): whichever comes first, a slot or the deadline, is the outcome.
-        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
-        try:
-            lease = await self._future
-        except BaseException:
-            self.withdraw_now()  # timed out, shed, or cancelled (the client is gone)
-            raise
-        finally:
-            timer.cancel()
-        self._claimed = True
-        return lease
-
-    def _expire(self) -> None:
-        if not self._future.done():
-            self._future.set_exception(QueueTimeout())
-
-    async def withdraw(self) -> None:
-        self.withdraw_now()
-
-    def eta_s(self) -> float:
-        position = self.position
-        return self._pool.forecast(position) if position > 0 else 0.0
-
-    def withdraw_now(self) -> None:
-        self._pool._leave(self)
-        granted = self._granted()
-        if granted is not None and not self._claimed:
-            self._claimed = True
-            granted.release_now()  # handed over meanwhile: pass it on to the next waiter
-
-    def _granted(self) -> LocalLease | None:
-        fut = self._future
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
-            return fut.result()
-        return None
+Lines = tuple[Line[LocalTicket], ...] | tuple[FairLine, ...]
 
 
 class _Seat:
@@ -142,8 +53,8 @@ class _Seat:
 
 
 class LocalSlotPool:
-    """`capacity` slots (over `replicas`, a group of one by default) and a FIFO queue of at
-    most `queue_limit` tickets."""
+    """`capacity` slots (over `replicas`, a group of one by default) and a queue of at most
+    `queue_limit` tickets, by class, then FIFO (or fair between tenants: `order_by`)."""
 
     def __init__(
         self,
@@ -158,7 +69,8 @@ class LocalSlotPool:
         self.name = name
         # A slot freed on a replica may go to one of the first `look_ahead` waiters of the
         # class served next that wants that replica, none passed over more than
-        # `max_bypass` times; 0: strictly first come, first served.
+        # `max_bypass` times; 0: strictly first come, first served (or fair: a fair line
+        # takes no look-ahead, as serving by replica would undo its order).
         self.look_ahead, self.max_bypass = 0, 2
         self._seats = {r: _Seat(n) for r, n in (replicas or {name: capacity}).items()}
         self.capacity = self._healthy_slots()
@@ -167,8 +79,10 @@ class LocalSlotPool:
         self.answers = answers or AnswerModel()  # the backend's answers: the forecast
         self.clock = clock
         self.active = 0
-        # One FIFO line per priority class, served in class order.
-        self._lines: tuple[Line[LocalTicket], ...] = tuple(Line() for _ in Priority)
+        # One line per priority class, served in class order: FIFO, or fair (`_fair`: the
+        # counters of the tenants it is fair between).
+        self._lines: Lines = tuple(Line() for _ in Priority)
+        self._fair: FairShares | None = None
         self._watchers: list[Callable[[LocalSlotPool], None]] = []
         self._leases: dict[LocalLease, float] = {}  # held now -> granted at
         self._change: asyncio.Future[None] | None = None
@@ -205,7 +119,7 @@ class LocalSlotPool:
             # and for as many places again: newcomers at the back find theirs made
             running = [lease.progress.running(now - granted)
                        for lease, granted in self._leases.items()]
-            waiting = [t.max_tokens for line in self._lines for t in line.tickets]
+            waiting = [t.max_tokens for line in self._lines for t in line.in_order()]
             waits = line_starts(self.answers, self.estimator, running, self.capacity,
                                 waiting, 2 * max(position, self.queued))
             self._forecasts.update(enumerate(waits, 1))
@@ -261,6 +175,23 @@ class LocalSlotPool:
         self._fill(self.clock(), ())
         self._changed()
 
+    def order_by(self, order: QueueOrder) -> None:
+        """Serve each class first come, first served, or fair between tenants. A switch with
+        waiters rebuilds the lines in arrival order (each waiter keeps its tenant; a
+        switch to fair starts every tenant's counter afresh, and the answers running then
+        are charged to no one); the next grant follows the new order."""
+        if (order is QueueOrder.FAIR) == (self._fair is not None):
+            return
+        self._fair = FairShares(self.clock) if order is QueueOrder.FAIR else None
+        waiting = [list(line.tickets) for line in self._lines]  # in arrival order
+        fair = self._fair
+        self._lines = (tuple(Line[LocalTicket]() for _ in Priority) if fair is None
+                       else tuple(FairLine(fair) for _ in Priority))
+        for rank, tickets in enumerate(waiting):
+            for ticket in tickets:
+                self._lines[rank].append(ticket)
+        self._changed()
+
     async def try_acquire(self, prefer: Sequence[str] = ()) -> LocalLease | None:
         return self.acquire_nowait(prefer)
 
@@ -294,10 +225,12 @@ class LocalSlotPool:
             if not victim._future.done():
                 victim._future.set_exception(QueueShed())
         ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank, want,
-                             max_tokens)
+                             max_tokens, share)
         self._lines[rank].append(ticket)
-        # Places move only if it lined up ahead of someone (a lower class waits).
-        ahead = any(self._lines[lower] for lower in range(rank + 1, len(self._lines)))
+        # Places move only if it lined up ahead of someone (a lower class waits; in a fair
+        # line, anyone of its class a tenant served more than its own).
+        ahead = self._fair is not None or any(
+            self._lines[lower] for lower in range(rank + 1, len(self._lines)))
         if self._free_seat(()) is not None:  # a free slot, an empty line: no release will come
             self._fill(self.clock(), ())
             ahead = True
@@ -321,6 +254,8 @@ class LocalSlotPool:
         seat = self._seats[lease.replica]
         seat.active -= 1
         self.active -= 1
+        if self._fair is not None:  # its tokens counted before the next is picked
+            self._fair.released(lease)
         if not seat.slots and not seat.active:  # a removed replica, run out
             del self._seats[lease.replica]
         if self.queued:  # (the usual release: nobody waits)
@@ -336,9 +271,12 @@ class LocalSlotPool:
                     return
                 ticket = self._look_ahead(line, replica) if self.look_ahead else line.pop_head()
                 if not ticket._future.done():  # skip tickets cancelled but not yet gone
-                    ticket._future.set_result(self._take(replica, now, ticket.max_tokens))
+                    lease = self._take(replica, now, ticket.max_tokens)
+                    ticket._future.set_result(lease)
+                    if self._fair is not None:
+                        self._fair.granted(ticket, lease)
 
-    def _look_ahead(self, line: Line[LocalTicket], replica: str) -> LocalTicket:
+    def _look_ahead(self, line: Line[LocalTicket] | FairLine, replica: str) -> LocalTicket:
         """The first of the line's first `look_ahead` waiters that wants `replica`, unless a
         waiter ahead of it was passed over `max_bypass` times already; else the head."""
         ahead: list[LocalTicket] = []
@@ -385,6 +323,8 @@ class LocalSlotPool:
     def _changed(self, moved: bool = True) -> None:
         if moved:  # an arrival at the back changes no wait ahead of it
             self._forecasts.clear()
+            if self._fair is not None:  # (nor, in a fifo line, any place)
+                self._fair.version += 1
         if self._change is not None and not self._change.done():
             self._change.set_result(None)
         if moved and self._move is not None and not self._move.done():

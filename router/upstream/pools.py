@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 
 from policies.answers import AnswerModel, hints
 from policies.breaker import CircuitBreaker
-from policies.config import BackendConfig, CoordinationConfig, CoordinationMode, RedisDown
+from policies.config import (
+    BackendConfig,
+    CoordinationConfig,
+    CoordinationMode,
+    QueueOrder,
+    RedisDown,
+)
 from policies.holds import HoldTimeModel
 from policies.slots import LocalSlotPool, SlotPool
 from router.config import from_env
@@ -56,10 +62,14 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
 
 
 def tune(pool: SlotPool, backend: BackendConfig) -> None:
-    """A local group's look-ahead for its waiters (a shared line stays FIFO)."""
+    """A local pool's order within a class (at build and at each reload: `order_by`) and
+    a local group's look-ahead for its waiters (a fifo line's only: a fair line serves by
+    tenant, not by replica)."""
     if isinstance(pool, LocalSlotPool):
+        pool.order_by(backend.queue_order)
         grouped = backend.endpoints is not None and len(backend.endpoints) > 1
-        pool.look_ahead = backend.affinity.look_ahead if grouped else 0
+        fifo = backend.queue_order is QueueOrder.FIFO
+        pool.look_ahead = backend.affinity.look_ahead if grouped and fifo else 0
         pool.max_bypass = backend.affinity.max_bypass
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from policies.answers import AnswerModel
 from policies.breaker import CircuitBreaker
-from policies.config import Priority
+from policies.config import Priority, QueueOrder
 from policies.holds import HoldTimeModel
 from policies.slots import Lease, LocalSlotPool, SlotPool, Ticket
 from policies.slots.coordinator import RedisCoordinator
@@ -25,9 +25,10 @@ BOUND_S = 5.0  # the longest any step may take; a pass takes milliseconds
 class PoolFactory:
     """Builds the pools of one test, of one kind, and checks and closes them after it."""
 
-    def __init__(self, redis_url: str | None) -> None:
+    def __init__(self, redis_url: str | None, order: QueueOrder = QueueOrder.FIFO) -> None:
         self.redis_url = redis_url
         self.kind = "local" if redis_url is None else "redis"
+        self.order = order  # within a class: FIFO, or fair between tenants
         self.prefix = "contract-" + os.urandom(6).hex()  # unique per test
         self.coordinators: list[RedisCoordinator] = []
         self.violations: list[str] = []
@@ -46,6 +47,7 @@ class PoolFactory:
         if self.redis_url is None:
             local = LocalSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
                                   replicas=group, answers=answers)
+            local.order_by(self.order)
             self._check_bounds(local)
             return [local] * replicas
         pools: list[SlotPool] = []

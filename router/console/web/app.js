@@ -128,11 +128,14 @@ class Run {
     if (!Number.isFinite(position) || position < 1) return;
     const q = this.queue;
     const moved = q === null || q.position !== position;
+    // A fair queue (or a higher class lining up) may move us back: say so, bar and all.
+    const back = q !== null && position > q.position;
     if (q === null) {
       this.queue = { initial: position, shown: 0 };
     }
     const s = this.queue;
     s.initial = Math.max(s.initial, position);
+    if (back) s.shown = 0;
     s.position = position;
     s.ahead = Number.isFinite(ahead) ? ahead : position - 1;
     s.eta = Number.isFinite(eta) && eta >= 0 ? eta : null;
@@ -145,7 +148,8 @@ class Run {
     ui.pool.textContent = s.pool ? `queue: ${s.pool}` : "";
     if (moved) {
       const people = s.ahead === 1 ? "1 person" : `${s.ahead} people`;
-      ui.live.textContent = `You are number ${position} in line; ${people} ahead of you.` +
+      ui.live.textContent = (back ? "Moved back: a request went ahead of you. " : "") +
+        `You are number ${position} in line; ${people} ahead of you.` +
         (s.eta !== null ? ` Estimated wait ${formatSeconds(s.eta)}.` : "");
     }
     this.tick();
