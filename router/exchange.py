@@ -12,7 +12,7 @@ from aiohttp import web
 
 from policies.admission import RejectReason
 from policies.capabilities import Needs, estimate_tokens, needs_of, serves
-from policies.config import Config, Priority
+from policies.config import Config, Priority, QueueOrder
 from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
 from policies.slots import Share, SlotPool
@@ -60,6 +60,13 @@ class Exchange:
     def share(self, parsed: ParsedRequest) -> Share:
         """Whose it is in a `fair` line: its tenant (no key: its caller's own) and weight."""
         return Share(self.rec.tenant or "", self.weight, self.prompt_tokens(parsed))
+
+    def fair_share(self, backend: Backend, parsed: ParsedRequest) -> Share | None:
+        """Its share where `backend`'s line is fair (a free slot there is charged to its
+        tenant); else None, at no cost."""
+        if backend.config.queue_order is QueueOrder.FIFO:
+            return None
+        return self.share(parsed)
 
     def needs(self, parsed: ParsedRequest) -> Needs:
         """What the request needs of a backend (worked out once, when first asked)."""

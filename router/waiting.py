@@ -72,7 +72,7 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         backend = backends[target]
         pool = backend.pool
         rec.backend, rec.reason = target, reason
-        lease = await pool.try_acquire(ex.prefer(backend, parsed))
+        lease = await pool.try_acquire(ex.prefer(backend, parsed), ex.fair_share(backend, parsed))
         if lease is not None:
             objective.predict(rec, backend, 0.0, parsed.max_tokens)
             return lease
@@ -88,7 +88,7 @@ async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     group = ex.gw.backends[backend]
     pool = group.pool
     ex.rec.backend = backend
-    lease = await pool.try_acquire(ex.prefer(group, parsed))
+    lease = await pool.try_acquire(ex.prefer(group, parsed), ex.fair_share(group, parsed))
     if lease is not None:
         objective.predict(ex.rec, group, 0.0, parsed.max_tokens)
         return lease

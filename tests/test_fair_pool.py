@@ -218,3 +218,16 @@ async def test_a_full_fair_line_sheds_its_newest_sheddable_waiter() -> None:
         await left.withdraw()
     await lease.release()
     assert (pool.active, pool.queued) == (0, 0)
+
+
+async def test_a_free_slot_is_charged_to_its_tenant() -> None:
+    # The heavy tenant took both slots while nobody waited: its answers count against it,
+    # so the light tenant, lining up after its waiter, is served first.
+    pool = fair_pool(capacity=2)
+    held = [await pool.try_acquire((), Share("heavy", 1.0, PROMPT)) for _ in range(2)]
+    assert all(lease is not None for lease in held)
+    assert pool._fair is not None and pool._fair.live("heavy") == 2 * PROMPT
+    tasks = await line_up(pool, "heavy", 1)
+    await line_up(pool, "light", 1, tasks=tasks)
+    order = await serve([lease for lease in held if lease is not None], tasks)
+    assert order == [("light", 0), ("heavy", 0)]

@@ -155,7 +155,9 @@ class SlotPool(Protocol):
     def watch(self, callback: Callable[[Any], None]) -> Callable[[], None]: ...
 
     # A free slot now (on the first replica of `prefer` that has one, else any), or None.
-    async def try_acquire(self, prefer: Sequence[str] = ()) -> Lease | None: ...
+    # `share`: its tenant, charged in a `fair` pool's counters for what it is served.
+    async def try_acquire(self, prefer: Sequence[str] = (),
+                          share: Share | None = None) -> Lease | None: ...
 
     # A ticket, or None when the queue is full (and holds no one to displace). `want`: the
     # replica of the group it would rather run on (a hint a pool may use, or not).

@@ -162,11 +162,12 @@ class FailoverPool:
             self.local.resize(local_share(capacity, self.expected_replicas), queue_limit,
                               shares)
 
-    async def try_acquire(self, prefer: Sequence[str] = ()) -> Lease | None:
+    async def try_acquire(self, prefer: Sequence[str] = (),
+                          share: Share | None = None) -> Lease | None:
         try:
-            return await self.shared.try_acquire(prefer)
+            return await self.shared.try_acquire(prefer, share)
         except CoordinationError:
-            return self._local().acquire_nowait(prefer)
+            return self._local().acquire_nowait(prefer, share)
 
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,

@@ -90,8 +90,8 @@ class FairShares:
         else:
             del self._waiting[tenant]
 
-    def granted(self, ticket: LocalTicket, lease: LocalLease) -> None:
-        share = share_of(ticket)
+    def granted(self, share: Share, lease: LocalLease) -> None:
+        """`lease` was taken for `share`'s tenant, from the line or a free slot."""
         self.counters.charge(share.tenant, share.prompt_tokens, share.weight)
         self.counters.granted(share.tenant)
         self._running[lease] = share

@@ -30,7 +30,7 @@ from policies.slots.base import (
     Seats,
     Share,
 )
-from policies.slots.fair import FairLine, FairShares
+from policies.slots.fair import FairLine, FairShares, share_of
 from policies.slots.line import Line
 from policies.slots.local_tickets import LocalLease, LocalTicket
 
@@ -192,10 +192,12 @@ class LocalSlotPool:
                 self._lines[rank].append(ticket)
         self._changed()
 
-    async def try_acquire(self, prefer: Sequence[str] = ()) -> LocalLease | None:
-        return self.acquire_nowait(prefer)
+    async def try_acquire(self, prefer: Sequence[str] = (),
+                          share: Share | None = None) -> LocalLease | None:
+        return self.acquire_nowait(prefer, share)
 
-    def acquire_nowait(self, prefer: Sequence[str] = ()) -> LocalLease | None:
+    def acquire_nowait(self, prefer: Sequence[str] = (),
+                       share: Share | None = None) -> LocalLease | None:
         # Newcomers never overtake waiters: a slot only becomes free when nobody waits.
         if self.queued:
             return None
@@ -203,6 +205,8 @@ class LocalSlotPool:
         if replica is None:
             return None
         lease = self._take(replica, self.clock())
+        if self._fair is not None and share is not None:  # served tokens count, line or not
+            self._fair.granted(share, lease)
         self._changed()
         return lease
 
@@ -274,7 +278,7 @@ class LocalSlotPool:
                     lease = self._take(replica, now, ticket.max_tokens)
                     ticket._future.set_result(lease)
                     if self._fair is not None:
-                        self._fair.granted(ticket, lease)
+                        self._fair.granted(share_of(ticket), lease)
 
     def _look_ahead(self, line: Line[LocalTicket] | FairLine, replica: str) -> LocalTicket:
         """The first of the line's first `look_ahead` waiters that wants `replica`, unless a

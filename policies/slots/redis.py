@@ -144,7 +144,8 @@ class RedisSlotPool:
         self._forecasts.clear()
         self.wake()
 
-    async def try_acquire(self, prefer: Sequence[str] = ()) -> RedisLease | None:
+    async def try_acquire(self, prefer: Sequence[str] = (),
+                          share: Share | None = None) -> RedisLease | None:
         lease_id = _new_id()
         try:
             token, *counts, replica = await self.coordinator.call(
