@@ -29,7 +29,7 @@ KEY_NAMES = ("book", "holds", "held")
 REFUSALS = ("max_concurrent", "budget", "rpm", "tpm")  # RESERVE's codes 1..4
 IDLE_TTL_MS = 35 * 86_400_000  # an idle key's book outlives its longest (month) period
 
-_PRELUDE = """
+PRELUDE = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -136,7 +136,7 @@ end
 #   ARGV[5..] the limits
 #   returns {0, 0, 0, now} admitted, or {code (REFUSALS[code - 1]), retry ms, the refusing
 #   budget's index (1-based; else 0), now}
-RESERVE = _PRELUDE + """
+RESERVE = PRELUDE + """
 local now = now_ms()
 purge(now)
 local l = limits(5)
@@ -180,7 +180,7 @@ return {0, 0, 0, now}
 # RENEW: extend a process's live holds of this key (one call per key per heartbeat).
 #   ARGV[1] ttl ms   ARGV[2..] hold ids
 #   returns the ids no longer held (expired, or settled meanwhile)
-RENEW = _PRELUDE + """
+RENEW = PRELUDE + """
 local now = now_ms()
 purge(now)
 local lost = {}
@@ -202,7 +202,7 @@ return lost
 #   ARGV[1] hold id   ARGV[2] estimated tokens   ARGV[3] tokens used   ARGV[4] cost
 #   ARGV[5..] the limits
 #   returns {1 held or 0 lost, now}
-SETTLE = _PRELUDE + """
+SETTLE = PRELUDE + """
 local now = now_ms()
 purge(now)
 local held = drop(ARGV[1])
@@ -235,7 +235,7 @@ return {held, now}
 # unless Redis already has a spend for that period (another process seeded or charged it).
 #   ARGV[1] period   ARGV[2] tokens   ARGV[3] cost
 #   returns 1 seeded, 0 kept
-SEED = _PRELUDE + """
+SEED = PRELUDE + """
 local now = now_ms()
 local p = ARGV[1]
 local s = bounds(p, now)
