@@ -7,6 +7,8 @@ import math
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies.limits import (
     Book,
@@ -148,3 +150,21 @@ def test_periods_are_utc_calendar_periods(at: datetime, period: str, start: date
         return int(d.timestamp()) * 1000
 
     assert period_bounds_ms(period, ms(at) + 999) == (ms(start), ms(end))
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 50), st.floats(0, 1)), max_size=60))
+def test_a_budget_is_overspent_by_at_most_one_estimate(
+        steps: list[tuple[bool, int, float]]) -> None:
+    """Whatever the order of admissions and ends, with answers within their estimates."""
+    limits = Limits(budgets=(Budget("day", tokens=100, cost=None),))
+    book, live, made = Book(), list[tuple[str, int]](), 0
+    for admit, estimate, used in steps:
+        if admit or not live:
+            made += 1
+            if reserve(book, limits, f"h{made}", estimate, 0.0, T0, FOREVER) is None:
+                live.append((f"h{made}", estimate))
+        else:
+            hold, reserved = live.pop(0)
+            settle(book, limits, hold, reserved, int(reserved * used), 0.0, T0)
+        spent = book.spends["day"].tokens if "day" in book.spends else 0
+        assert spent + sum(e for _, e in live) < 100 + 50
