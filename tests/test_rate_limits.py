@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
+import redis
 
 from router.app import RunningGateway
 from tests.support import (
@@ -19,10 +20,12 @@ from tests.support import (
     assert_idle,
     engine,
     gateway_config,
+    poll_until,
     sim_backend,
 )
 
 KEY = "sk-limited-0123456789"
+HOLDS = "{slotgate:limits:limited}:holds"
 
 
 def config(redis_url: str | None, slots: int = 4, **limits: Any) -> dict[str, Any]:
@@ -122,3 +125,29 @@ async def test_fail_open_local_holds_each_process_to_its_share(
     await asyncio.gather(*running)
     assert gw.gateway.quotas.running("limited") == 0
     await redis_server.start()
+
+
+async def test_a_running_request_keeps_its_reservation_past_the_lease_ttl(
+        sdk: SdkClients, start: StartGateway, redis_server: RedisServer) -> None:
+    raw = config(redis_server.url, max_concurrent=1)
+    raw["coordination"] |= {"lease_ttl_s": 1, "recheck_s": 0.3}
+    gw = await start(raw)
+    sim = engine(gw)
+    sim.hold()
+    running = asyncio.create_task(ask(sdk, gw))
+    await sim.wait_until(lambda e: e.active == 1)
+    store = redis.Redis.from_url(redis_server.url)
+    try:
+        holds: list[tuple[bytes, float]] = cast(
+            list[tuple[bytes, float]], store.zrange(HOLDS, 0, -1, withscores=True))
+        [(hold, first)] = holds
+        # renewed by the process's heartbeat, twice (more than a TTL on)
+        await poll_until(lambda: float(store.zscore(HOLDS, hold) or 0) > first + 1000)
+    finally:
+        store.close()
+    with pytest.raises(openai.RateLimitError) as capped:
+        await ask(sdk, gw)
+    refused_by(capped.value, "concurrency_limit")
+    sim.release()
+    await running
+    await assert_idle(gw)
