@@ -29,6 +29,7 @@ class RejectReason(enum.StrEnum):
     SHED = "shed"  # a sheddable waiter gave its place to a higher class
     CONCURRENCY = "concurrency_limit"  # the key's own cap on requests at once
     BUDGET = "budget_exceeded"  # the key's token or cost budget for the period
+    RATE_LIMIT = "rate_limit"  # the key's requests (rpm) or tokens (tpm) per minute
     UNAVAILABLE = "coordination_unavailable"  # the shared pool's Redis is away (fail_closed)
     DRAINING = "draining"  # the gateway is shutting down: retry, another replica answers
     BODY_BYTES = "inflight_body_bytes"  # the process holds its bound of request bodies

@@ -1,23 +1,25 @@
-"""Per-key limits: how many requests a key may run at once, and what it may spend per
-calendar period (UTC hour, day or month) in tokens or cost.
+"""The per-key limits of one process: the model of `policies.limits` run in memory.
 
-Pure bookkeeping, no I/O. `admit` checks every limit before the request takes anything
-(a slot, a place in a queue); a refused request changes nothing. An admitted request
-counts against the concurrency cap until `finish`, which also charges what it actually
-used. A budget is checked at admission, so the request that crosses it still completes:
-a key overshoots by at most what its requests in flight use.
+Pure bookkeeping, no I/O. `reserve` checks every limit before the request takes anything
+(a slot, a place in a queue); a refused request changes nothing. An admitted request holds
+its reservation until `settle`, which also charges what it actually used. It serves
+`coordination.mode: local`, and a shared book's fallback while Redis is away
+(`fail_open_local`: each key's concurrency and rates cut to a per-process share).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from policies import limits as model
 from policies.admission import RejectReason
-from policies.config import ApiKeyConfig, BudgetConfig
+from policies.config import ApiKeyConfig
+from policies.limits import Book, Limit, Limits
 
 Clock = Callable[[], float]  # Unix seconds
 
@@ -37,38 +39,6 @@ def period_bounds(period: str, now: float) -> tuple[float, float]:
     return start.timestamp(), end.timestamp()
 
 
-@dataclass(slots=True)
-class Spend:
-    """What a key used in one budget's current period."""
-
-    budget: BudgetConfig
-    period_start: float = 0.0
-    tokens: int = 0
-    cost: float = 0.0
-
-    def roll(self, now: float) -> float:
-        """Start a new period if `now` left the current one; returns the period's end."""
-        start, end = period_bounds(self.budget.period, now)
-        if start != self.period_start:
-            self.period_start, self.tokens, self.cost = start, 0, 0.0
-        return end
-
-    def exhausted(self) -> str | None:
-        budget = self.budget
-        if budget.tokens is not None and self.tokens >= budget.tokens:
-            return f"its {budget.period}ly budget of {budget.tokens} tokens"
-        if budget.cost is not None and self.cost >= budget.cost:
-            return f"its {budget.period}ly cost budget of {budget.cost:g}"
-        return None
-
-
-@dataclass(slots=True)
-class KeyState:
-    config: ApiKeyConfig
-    running: int = 0
-    spends: list[Spend] = field(default_factory=list)
-
-
 @dataclass(frozen=True, slots=True)
 class Refusal:
     reason: RejectReason
@@ -76,77 +46,118 @@ class Refusal:
     message: str
 
 
-class Quotas:
-    """The live counters of every configured key, kept across config reloads."""
+@dataclass(frozen=True, slots=True)
+class QuotaHold:
+    """One admitted request's reservation: settled once, in the book that took it."""
 
-    def __init__(self, keys: Iterable[ApiKeyConfig], clock: Clock = time.time) -> None:
+    key_id: str
+    id: str
+    tokens: int  # estimated
+    cost: float  # estimated
+    shared: bool  # held in Redis, not in this process
+
+
+def refusal(refused: model.Refusal, limits: Limits) -> Refusal:
+    """The client's answer for a refusal of the model."""
+    retry_s = max(1, math.ceil(refused.retry_ms / 1000))
+    if refused.limit is Limit.CONCURRENCY:
+        return Refusal(RejectReason.CONCURRENCY, retry_s,
+                       f"This key may run {limits.max_concurrent} requests at once; retry "
+                       "when one ends.")
+    if refused.limit is Limit.BUDGET:
+        budget = refused.budget
+        assert budget is not None
+        what = (f"{budget.tokens} tokens" if budget.tokens is not None
+                else f"cost budget of {budget.cost:g}")
+        if budget.tokens is not None and budget.cost is not None:
+            what = f"{budget.tokens} tokens or {budget.cost:g} in cost"
+        return Refusal(RejectReason.BUDGET, retry_s,
+                       f"This key has used its {budget.period}ly budget of {what}; it "
+                       "renews at the start of the next period.")
+    figure = limits.rpm if refused.limit is Limit.RPM else limits.tpm
+    unit = "requests" if refused.limit is Limit.RPM else "tokens"
+    return Refusal(RejectReason.RATE_LIMIT, retry_s,
+                   f"This key may use {figure} {unit} per minute ({refused.limit.value}); "
+                   f"retry after {retry_s} s.")
+
+
+class Quotas:
+    """Every limited key's book, kept across config reloads."""
+
+    def __init__(self, keys: Iterable[ApiKeyConfig], clock: Clock = time.time,
+                 share: int = 1) -> None:
         self.clock = clock
-        self._keys: dict[str, KeyState] = {}
+        self.share = share  # each key's concurrency and rates cut to 1/share
+        self.limits: dict[str, Limits] = {}  # the limited keys only
+        self._books: dict[str, Book] = {}
+        self._ids = itertools.count()
         self.configure(keys)
 
+    def _now(self) -> int:
+        return int(self.clock() * 1000)
+
     def configure(self, keys: Iterable[ApiKeyConfig]) -> None:
-        """New limits; a key keeps its running count, and its spend where the budget's
-        period is unchanged."""
-        old, self._keys = self._keys, {}
-        for key in keys:
-            state = old.get(key.id)
-            kept = {s.budget.period: s for s in state.spends} if state else {}
-            spends = [Spend(b, *_carry(kept.get(b.period))) for b in key.budgets]
-            self._keys[key.id] = KeyState(key, state.running if state else 0, spends)
+        """New limits; a key keeps its reservations, buckets and spend (a budget's, while
+        its period is unchanged)."""
+        self.limits = {key.id: limits for key in keys
+                       if (limits := Limits.of(key, self.share)) is not None}
+        for key_id in [k for k, b in self._books.items()
+                       if k not in self.limits and not b.holds]:
+            del self._books[key_id]
 
     def seed(self, period: str, spent: Mapping[str, tuple[int, float]]) -> None:
-        """Add what each key used since the start of the current `period` (from the ledger,
-        at startup), so a restart does not reset its budgets."""
-        now = self.clock()
+        """Start each key's spend in the current `period` at what the ledger says it used
+        (at startup), so a restart does not reset its budgets."""
+        now = self._now()
         for key_id, (tokens, cost) in spent.items():
-            state = self._keys.get(key_id)
-            for spend in state.spends if state else ():
-                if spend.budget.period == period:
-                    spend.roll(now)
-                    spend.tokens += tokens
-                    spend.cost += cost
+            limits = self.limits.get(key_id)
+            if limits is not None and any(b.period == period for b in limits.budgets):
+                model.seed(self._books.setdefault(key_id, Book()), period, tokens, cost, now)
 
     def periods(self) -> set[str]:
-        return {s.budget.period for state in self._keys.values() for s in state.spends}
+        return {b.period for limits in self.limits.values() for b in limits.budgets}
 
-    def admit(self, key_id: str) -> Refusal | None:
-        """Count the request in, or say which limit refuses it (changing nothing)."""
-        state = self._keys.get(key_id)
-        if state is None:
+    def check(self, key_id: str) -> Refusal | None:
+        """Would a request of the key be refused now? Nothing is taken (asked before its
+        body is read; `reserve` decides)."""
+        limits = self.limits.get(key_id)
+        book = self._books.get(key_id)
+        if limits is None or book is None:
             return None
-        cap = state.config.max_concurrent
-        if cap is not None and state.running >= cap:
-            return Refusal(RejectReason.CONCURRENCY, 1,
-                           f"This key may run {cap} requests at once; retry when one ends.")
-        now = self.clock()
-        for spend in state.spends:
-            end = spend.roll(now)
-            limit = spend.exhausted()
-            if limit is not None:
-                return Refusal(RejectReason.BUDGET, max(1, math.ceil(end - now)),
-                               f"This key has used {limit}; it renews at the start of the "
-                               "next period.")
-        state.running += 1
-        return None
+        refused = model.check(book, limits, self._now())
+        return None if refused is None else refusal(refused, limits)
 
-    def finish(self, key_id: str, tokens: int, cost: float) -> None:
-        """An admitted request ended: it no longer runs, and what it used is charged."""
-        state = self._keys.get(key_id)
-        if state is None:
+    def reserve(self, key_id: str, tokens: int, cost: float,
+                hold_id: str | None = None) -> QuotaHold | Refusal | None:
+        """Reserve an admitted request's estimate, or say which limit refuses it
+        (changing nothing). None: the key has no limits."""
+        limits = self.limits.get(key_id)
+        if limits is None:
+            return None
+        book = self._books.setdefault(key_id, Book())
+        hold_id = hold_id or f"local-{next(self._ids)}"
+        refused = model.reserve(book, limits, hold_id, tokens, cost, self._now(), math.inf)
+        if refused is not None:
+            return refusal(refused, limits)
+        return QuotaHold(key_id, hold_id, tokens, cost, shared=False)
+
+    def settle(self, hold: QuotaHold, tokens: int, cost: float) -> None:
+        """An admitted request ended: its reservation is given back and what it used is
+        charged."""
+        book = self._books.get(hold.key_id)
+        limits = self.limits.get(hold.key_id, Limits())
+        if book is None:
             return
-        state.running = max(0, state.running - 1)
-        now = self.clock()
-        for spend in state.spends:
-            spend.roll(now)
-            spend.tokens += tokens
-            spend.cost += cost
+        model.settle(book, limits, hold.id, hold.tokens, tokens, cost, self._now())
+
+    def charge(self, key_id: str, tokens: int, cost: float) -> None:
+        """What a request settled elsewhere (in Redis) used: kept for the fallback book."""
+        limits = self.limits.get(key_id)
+        if limits is not None and limits.budgets:
+            book = self._books.setdefault(key_id, Book())
+            model.settle(book, Limits(budgets=limits.budgets), "", 0, tokens, cost,
+                         self._now())
 
     def running(self, key_id: str) -> int:
-        state = self._keys.get(key_id)
-        return state.running if state else 0
-
-
-def _carry(spend: Spend | None) -> tuple[float, int, float]:
-    if spend is None:
-        return 0.0, 0, 0.0
-    return spend.period_start, spend.tokens, spend.cost
+        book = self._books.get(key_id)
+        return len(book.holds) if book else 0

@@ -10,12 +10,13 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from policies.config import Config, CoordinationMode, Public
+from policies.config import Config, CoordinationMode, Public, RedisDown
 from policies.quotas import Quotas, period_bounds
 from router import dispatch
 from router.apis.anthropic import ANTHROPIC
@@ -30,6 +31,10 @@ from router.openai_api import ApiError, Endpoint, not_found
 from router.request.auth import Keyring
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
 from router.upstream.pools import start_coordinator
+
+if TYPE_CHECKING:
+    from policies.slots.coordinator import RedisCoordinator
+    from policies.slots.limits import SharedQuotas
 
 log = logging.getLogger("slotgate")
 
@@ -68,11 +73,27 @@ def create_app(config: Config) -> web.Application:
     return app
 
 
-async def seed_quotas(quotas: Quotas, ledger: Ledger) -> None:
-    """Budgets survive a restart: each key starts with what the ledger says it used."""
+async def seed_quotas(gw: Gateway, ledger: Ledger) -> None:
+    """Budgets survive a restart: each key starts with what the ledger says it used (in
+    Redis, where Redis has no spend for the period yet)."""
+    quotas = gw.quotas
     for period in quotas.periods():
         start, _ = period_bounds(period, quotas.clock())
-        quotas.seed(period, await ledger.store.spent(start))
+        spent = await ledger.store.spent(start)
+        quotas.seed(period, spent)
+        if gw.shared_quotas is not None:
+            await gw.shared_quotas.seed(period, spent)
+
+
+def shared_quotas(coordinator: RedisCoordinator, config: Config) -> SharedQuotas:
+    """The per-key limits in Redis, with this process's share of them while it is away
+    (`fail_open_local`), or none (`fail_closed`)."""
+    from policies.slots.limits import SharedQuotas
+
+    coordination, keys = config.coordination, config.auth.keys
+    fallback = (Quotas(keys, share=coordination.expected_replicas)
+                if coordination.on_redis_down is RedisDown.FAIL_OPEN_LOCAL else None)
+    return SharedQuotas(coordinator, keys, coordination.lease_ttl_s, fallback)
 
 
 async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -83,6 +104,10 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         gw.keyring = Keyring(gw.config.auth)
         gw.quotas = Quotas(gw.config.auth.keys)
         gw.metrics.tenants(gw.config.auth)  # before the backends: their zeros per tenant
+        if gw.coordinator is not None:
+            gw.shared_quotas = shared_quotas(gw.coordinator, gw.config)
+            gw.quotas = gw.shared_quotas.fallback or gw.quotas
+            gw.shared_quotas.start()
         gw.health.probe = lambda name: health_check(gw, name)
         gw.replica_health.probe = lambda name, replica: replica_check(gw, name, replica)
         for name, backend in gw.config.backends.items():
@@ -94,7 +119,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         if gw.config.ledger.enabled:
             gw.ledger = open_ledger(gw.config.ledger)
             await gw.ledger.start()
-            await seed_quotas(gw.quotas, gw.ledger)
+            await seed_quotas(gw, gw.ledger)
             gw.metrics.watch_ledger(gw.ledger)
         gw.ready = True
         yield
@@ -106,6 +131,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.ledger.close()  # after the server stopped taking requests: every row
         for opened in gw.backends.values():
             await opened.close()
+        if gw.shared_quotas is not None:
+            await gw.shared_quotas.close()  # its settles finish with the coordinator's
         if gw.coordinator is not None:
             await gw.coordinator.close()
 

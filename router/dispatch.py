@@ -43,7 +43,7 @@ from router.openai_api import (
 )
 from router.placement import placed, unplaced
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
-from router.request import objective
+from router.request import objective, quota
 from router.request.access_log import log_refused
 from router.request.accounting import learn, settle
 from router.request.usage import CLIENT_CLOSED, count_tokens
@@ -81,11 +81,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.priority = exchange.priority.value
         check_content_type(request)
         check_content_encoding(request)
-        if caller is not None:  # the key's own limits, checked before its body is read
-            if (refusal := gw.quotas.admit(caller.key_id)) is not None:
-                raise exchange.rejection(refusal.reason, refusal.advised_retry_s, None,
-                                         refusal.message)
-            rec.quota_held = True
+        if caller is not None and caller.key_id in gw.quotas.limits:  # a limited key:
+            quota.precheck(exchange, caller.key_id)  # refused before its body, if it is
         server = config.server
         raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
                               exchange.hold)
@@ -112,6 +109,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
             arm = experiment.assign(subject(parsed, key, request))
             rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
         objective.assign(rec, config, route, exchange.priority)
+        if caller is not None and caller.key_id in gw.quotas.limits:
+            await quota.reserve(exchange, caller.key_id, parsed, route)
         try:
             response = await run(exchange, parsed, route)
         except PoolUnavailable as exc:
@@ -159,7 +158,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         objective.settle(rec, gw.metrics)
-        settle(gw, rec, gw.keyring.enabled, failed)
+        settle(gw, rec, gw.keyring.enabled, failed, exchange.quota)
         logs = config.logging
         if logs.access and log.isEnabledFor(logging.INFO):
             if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known

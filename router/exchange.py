@@ -15,6 +15,7 @@ from policies.capabilities import Needs, estimate_tokens, needs_of, serves
 from policies.config import Config, Priority, QueueOrder
 from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
+from policies.quotas import QuotaHold
 from policies.slots import Share, SlotPool
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
@@ -32,7 +33,8 @@ class Exchange:
     """One request's state, from its head to its record."""
 
     __slots__ = ("_needs", "config", "dialect", "facts", "failed_on", "gw", "hold", "parsed",
-                 "place", "priority", "rec", "request", "response", "want", "weight")
+                 "place", "priority", "quota", "rec", "request", "response", "want",
+                 "weight")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config, dialect: Dialect = OPENAI) -> None:
@@ -52,6 +54,7 @@ class Exchange:
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
                              gw.bodies_full)
         self._needs: Needs | None = None
+        self.quota: QuotaHold | None = None  # its reservation against its key's limits
 
     def prompt_tokens(self, parsed: ParsedRequest) -> int:
         """A generous estimate of the prompt's tokens, from the whole body's size."""

@@ -32,6 +32,7 @@ from router.upstream.replica_health import ReplicaHealth
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
+    from policies.slots.limits import SharedQuotas
     from router.record import RequestRecord
 
 RECENT_RECORDS = 1000
@@ -49,7 +50,8 @@ class Gateway:
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     replica_health: ReplicaHealth = field(init=False)  # breakers of grouped backends' replicas
     keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off
-    quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key caps and budgets
+    quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key limits, this process
+    shared_quotas: SharedQuotas | None = None  # per-key limits in Redis (coordination: redis)
     bodies: InflightBodies = field(default_factory=InflightBodies)  # request bytes held
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False

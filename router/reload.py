@@ -69,7 +69,9 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
     except ConfigError as exc:
         raise ReloadRefused([str(p) for p in exc.problems]) from None
     gw.config, gw.keyring = new, keyring  # from here on, new requests see the new config
-    gw.quotas.configure(new.auth.keys)  # running counts and this period's spend are kept
+    gw.quotas.configure(new.auth.keys)  # reservations, buckets and spends are kept
+    if gw.shared_quotas is not None:
+        gw.shared_quotas.configure(new.auth.keys)
     gw.metrics.tenants(new.auth)  # the tenant label's values
     changes = []
     for name, backend in new.backends.items():

@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from policies.config import ApiKeyConfig, BudgetConfig
-from policies.quotas import Quotas, period_bounds
+from policies.quotas import QuotaHold, Quotas, Refusal, period_bounds
 from router.app import RunningGateway
 from tests.support import (
     MESSAGES,
@@ -176,11 +176,13 @@ def test_a_new_period_renews_the_budget_and_a_reload_keeps_the_spend() -> None:
     limits = ApiKeyConfig(id="k", tenant="t", sha256="0" * 64,
                           budgets=(BudgetConfig(period="hour", cost=1.0),))
     quotas = Quotas([limits], clock=lambda: now[0])
-    assert quotas.admit("k") is None
-    quotas.finish("k", tokens=5, cost=1.5)
-    refusal = quotas.admit("k")
-    assert refusal is not None and refusal.advised_retry_s == 60
+    hold = quotas.reserve("k", tokens=5, cost=0.5)
+    assert isinstance(hold, QuotaHold)
+    quotas.settle(hold, tokens=5, cost=1.5)
+    refusal = quotas.reserve("k", 5, 0.5)
+    assert isinstance(refusal, Refusal) and refusal.advised_retry_s == 60
+    assert quotas.check("k") == refusal  # asked before the body: the same answer
     quotas.configure([limits.model_copy(update={"max_concurrent": 3})])
-    assert quotas.admit("k") is not None  # same period: the spend is kept
+    assert isinstance(quotas.reserve("k", 5, 0.5), Refusal)  # same period: the spend is kept
     now[0] += 61  # the next hour
-    assert quotas.admit("k") is None
+    assert isinstance(quotas.reserve("k", 5, 0.5), QuotaHold)

@@ -18,7 +18,8 @@ from router.request.usage import ledger_row
 
 if TYPE_CHECKING:
     from policies.config import Config
-    from policies.quotas import Quotas
+    from policies.quotas import QuotaHold, Quotas
+    from policies.slots.limits import SharedQuotas
     from router.ledger.base import Ledger
     from router.record import RequestRecord
     from router.telemetry.metrics import Metrics
@@ -40,6 +41,8 @@ class Books(Protocol):
     def recent(self) -> deque[RequestRecord]: ...
     @property
     def quotas(self) -> Quotas: ...
+    @property
+    def shared_quotas(self) -> SharedQuotas | None: ...
     @property
     def ledger(self) -> Ledger | None: ...
     @property
@@ -64,9 +67,10 @@ def learn(answers: AnswerModel, rec: RequestRecord, max_tokens: int | None) -> N
 
 
 def settle(books: Books, rec: RequestRecord, callers_known: bool,
-           failed: FailureKind | None = None) -> None:
+           failed: FailureKind | None = None, quota: QuotaHold | None = None) -> None:
     """Account for a finished request (`failed`: how its upstream exchange failed;
-    `callers_known`: auth is on, so a request without a key id was refused unknown)."""
+    `callers_known`: auth is on, so a request without a key id was refused unknown;
+    `quota`: its reservation against its key's limits, given back here on every path)."""
     books.metrics.record(rec, rec.primary, failed)
     if callers_known and rec.key_id is None:
         # Refused before its caller was known: counted, and nothing else kept (no
@@ -77,12 +81,16 @@ def settle(books: Books, rec: RequestRecord, callers_known: bool,
     if (backend is not None and rec.status == 200 and not rec.tokens_estimated
             and rec.api in GENERATIVE_APIS):  # an embedding's slot time is no answer's
         backend.slot_time.observe(rec.completion_tokens or 0, rec.slot_ms / 1000)
-    if books.ledger is None and not rec.quota_held:
+    if books.ledger is None and quota is None:
         return
     primary = books.backends.get(rec.primary) if rec.primary is not None else None
     row = ledger_row(rec, books.config, primary.slot_time if primary is not None else None)
-    if rec.quota_held and rec.key_id is not None:
-        books.quotas.finish(rec.key_id, row.prompt_tokens + row.completion_tokens, row.cost)
+    if quota is not None:
+        used = row.prompt_tokens + row.completion_tokens
+        if books.shared_quotas is not None:
+            books.shared_quotas.settle(quota, used, row.cost)
+        else:
+            books.quotas.settle(quota, used, row.cost)
     if books.ledger is not None:
         books.ledger.add(row)
         if row.cost and row.backend is not None:

@@ -29,6 +29,7 @@ _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {
         "shortly."),
     RejectReason.CONCURRENCY: (429, "rate_limit_error", "Too many requests at once."),
     RejectReason.BUDGET: (429, "insufficient_quota", "This key's budget is used up."),
+    RejectReason.RATE_LIMIT: (429, "rate_limit_error", "This key's rate limit is reached."),
 }
 
 
