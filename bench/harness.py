@@ -8,6 +8,7 @@ per-process CPU time and RSS from /proc. Never touches anything but loopback.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -21,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -151,6 +152,16 @@ class Processes:
         config.write_text(gateway_yaml(port, sim_url, backends))
         args = ["serve", "--config", str(config), "--log-level", log_level]
         return self._start("gateway", args, f"http://{HOST}:{port}", "/readyz")
+
+    def serve(self, config: dict[str, Any], name: str = "gateway") -> Server:
+        """A gateway on `config` (its `server.host` and `port` are set here)."""
+        port = free_port()
+        config = {**config, "server": {**config.get("server", {}), "host": HOST,
+                                       "port": port, "shutdown_timeout_s": 2}}
+        path = Path(self._tmp.name) / f"{name}.yaml"
+        path.write_text(json.dumps(config))  # YAML reads JSON
+        return self._start(name, ["serve", "--config", str(path), "--log-level", "warning"],
+                           f"http://{HOST}:{port}", "/readyz")
 
     def _start(self, name: str, args: list[str], url: str, probe: str) -> Server:
         log = open(Path(self._tmp.name) / f"{name}.log", "w+b")  # closed by stop()
