@@ -91,7 +91,7 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
 
     shared = RedisSlotPool(name, backend.slots, backend.queue_limit, estimator, coordinator,
                            config.lease_ttl_s, config.recheck_s, replicas=replicas,
-                           answers=answers)
+                           answers=answers, queue_order=backend.queue_order)
     local = None
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
