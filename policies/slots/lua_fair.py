@@ -18,9 +18,9 @@ without '|' (the pool passes its UTF-8 in hex).
   - RENEW and RELEASE charge the answer's tokens produced since the last charge / weight.
     A lease that expired (its process crashed) stops charging: its share is gone.
 
-Each pick costs O(log n + log T) (T: tenants waiting, n: waiters): the head after a
-waiter of its tenant is one ZRANGEBYLEX on KEYS[14]. A newcomer ahead of waiters of its
-class publishes `moved`, which wakes them (their places moved back).
+A POLL reads each waiting tenant's head (O(T log n), T tenants, n waiters), then a pick
+costs O(log n): `free seats` picks to grant, up to `places` a class to place tickets. A
+newcomer ahead of waiters of its class publishes `moved`: their places moved back.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""RedisSlotPool: one backend's slots and FIFO queue, shared by every process and replica.
+"""RedisSlotPool: one backend's slots and queue (FIFO within a class, or `fair` between
+tenants: `policies.slots.lua_fair`), shared by every process and replica.
 
 Each atomic step is a Lua script (`policies.slots.lua`). Waiting does not poll Redis in a
 loop: a release anywhere publishes a wake-up; each process holds one subscription
