@@ -169,11 +169,13 @@ async def test_a_newcomer_ahead_moves_other_processes_waiters_back(
 
 
 async def test_answers_are_charged_to_their_tenant(fair_factory: PoolFactory) -> None:
-    """A lease charges its answer's tokens at its release: `charge`'s count when given,
-    else the relay's; a stream's relay count as it renews."""
+    """A grant charges its prompt (a free slot's too), its release the answer's tokens:
+    `charge`'s count when given, else the relay's."""
     (pool,) = await fair_factory(capacity=1, queue_limit=4)
     assert isinstance(pool, RedisSlotPool)
-    holder = await acquired(pool)
+    holder = await pool.try_acquire(share=Share("free", prompt_tokens=7))
+    assert holder is not None
+    holder.charge(3)
     counted = await pool.enqueue(share=Share("counted", weight=2, prompt_tokens=10))
     relayed = await pool.enqueue(share=Share("relayed", prompt_tokens=4))
     assert counted is not None and relayed is not None
@@ -188,7 +190,7 @@ async def test_answers_are_charged_to_their_tenant(fair_factory: PoolFactory) ->
     await lease.release()
     served = await pool.coordinator.client.hgetall(pool.keys[11])
     assert {bytes.fromhex(_text(k)).decode(): float(v) for k, v in served.items()} == {
-        "counted": (10 + 90) / 2, "relayed": 4 + 30}
+        "free": 7 + 3, "counted": 7 + (10 + 90) / 2, "relayed": 7 + 4 + 30}  # lifted to 7
     await idle(fair_factory, pool)
 
 

@@ -59,7 +59,7 @@ SCRIPTS = {"acquire": ACQUIRE, "enqueue": ENQUEUE, "poll": POLL, "renew": RENEW,
            "release": RELEASE, "withdraw": WITHDRAW, "fair_acquire": FAIR_ACQUIRE,
            "fair_enqueue": FAIR_ENQUEUE, "fair_poll": FAIR_POLL, "fair_renew": FAIR_RENEW,
            "fair_release": FAIR_RELEASE, "fair_withdraw": FAIR_WITHDRAW}
-SHARES_DRAWN = st.tuples(st.sampled_from("abcdef"), st.sampled_from([1, 2, 4]),
+SHARES_DRAWN = st.tuples(st.sampled_from("abcdefghijkl"), st.sampled_from([1, 2, 4]),
                          st.integers(0, 8), st.integers(0, 24))  # tenant, weight, prompt, answer
 
 
@@ -164,7 +164,7 @@ class PoolMachine(RuleBasedStateMachine):
         seconds, micros = client.time()
         self.version_floor = (seconds * 1000 + micros // 1000) * 1000
         replicas = {f"r{i}": n for i, n in enumerate(slots)}
-        self.fair_model = FairModel(replicas, queue_limit, kept=2)
+        self.fair_model = FairModel(replicas, queue_limit, kept=8)
         self.model = self.fair_model if self.fair else Model(replicas, queue_limit)
 
     @rule(data=st.data())
@@ -172,8 +172,15 @@ class PoolMachine(RuleBasedStateMachine):
         lease = self.new_id("L")
         self.leases.append(lease)
         order, pairs = self.offer(data)
-        reply = self.call("acquire", [lease, TTL_MS, CHANNEL, *pairs])
-        expected = self.model.acquire(lease, order)
+        if self.fair:  # a newcomer of a tenant (or of none: charged nothing)
+            drawn = data.draw(st.one_of(st.none(), SHARES_DRAWN))
+            owner = None if drawn is None else Owner(drawn[0], drawn[1], drawn[2], drawn[2])
+            share: list[str | int] = ["", 1, 0] if drawn is None else [*drawn[:3]]
+            reply = self.call("acquire", [lease, TTL_MS, CHANNEL, *share, *pairs])
+            expected = self.fair_model.acquire_share(lease, order, owner)
+        else:
+            reply = self.call("acquire", [lease, TTL_MS, CHANNEL, *pairs])
+            expected = self.model.acquire(lease, order)
         assert self.counted(reply) == expected
         if reply[0]:
             self.granted(reply[0])

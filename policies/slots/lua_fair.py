@@ -9,7 +9,8 @@ without '|' (the pool passes its UTF-8 in hex).
 
   - ENQUEUE lifts a tenant with nothing waiting to the least counter of those waiting
     (none: the counter of the tenant granted last), and forgets the lowest idle counters
-    once more than `kept` (+1/8) are held, as `Counters.trim` does.
+    once more than `kept` are held, as `Counters.trim` does. ACQUIRE (a free slot, nobody
+    waiting) charges its newcomer's prompt too.
   - POLL computes the first `free seats` of the fair order, each pick charged its expected
     tokens in a local copy of the counters (not in Redis), and grants the process's tickets
     among them; a grant charges its prompt / weight. Positions are places in that order,
@@ -26,162 +27,25 @@ newcomer ahead of waiters of its class publishes `moved`: their places moved bac
 from __future__ import annotations
 
 from policies.slots.lua import PRELUDE
+from policies.slots.lua_tenants import TENANTS
 
 FAIR_PLACES = 256  # places of a class placed exactly in POLL and ENQUEUE replies
 
-_FAIR = """
-local RANK = 1e13  -- a class's span of the waiters' scores
-
-local function share_of(id)
-  local s = redis.call('HGET', KEYS[13], id)
-  if not s then return nil end
-  local w, p, e, t = string.match(s, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  return {weight = tonumber(w), prompt = tonumber(p), expected = tonumber(e), tenant = t}
-end
-
-local function counter(tenant)
-  return tonumber(redis.call('HGET', KEYS[12], tenant) or '0')
-end
-
-local function charge(share, tokens)
-  return redis.call('HINCRBYFLOAT', KEYS[12], share.tenant,
-                    string.format('%.17g', tokens / share.weight))
-end
-
-local function member(rank, seq, tenant, id)
-  return string.format('%d|%s|%013.0f|%s', rank, tenant, seq, id)
-end
-
--- a waiter leaves the tenants' index (before it leaves KEYS[2]); returns its share
-local function unline(id, keep_share)
-  local score = redis.call('ZSCORE', KEYS[2], id)
-  local share = share_of(id)
-  if score and share then
-    score = tonumber(score)
-    local rank = math.floor(score / RANK)
-    redis.call('ZREM', KEYS[14], member(rank, score - rank * RANK, share.tenant, id))
-    local field = rank .. '|' .. share.tenant
-    if redis.call('HINCRBY', KEYS[15], field, -1) <= 0 then redis.call('HDEL', KEYS[15], field) end
-  end
-  if not keep_share then redis.call('HDEL', KEYS[13], id) end
-  return share
-end
-
--- purge's hook: an expired lease stops charging, a dead waiter leaves the index
-local function forget(id, waiting)
-  if waiting then unline(id) else redis.call('HDEL', KEYS[13], id) end
-end
-
--- the tenants waiting in each class (0..2) and each class's waiters
-local function backlog()
-  local flat = redis.call('HGETALL', KEYS[15])
-  local tenants, counts = {[0] = {}, {}, {}}, {[0] = 0, 0, 0}
-  for i = 1, #flat, 2 do
-    local r, t = string.match(flat[i], '^(%d+)|(.*)$')
-    r = tonumber(r)
-    table.insert(tenants[r], t)
-    counts[r] = counts[r] + tonumber(flat[i + 1])
-  end
-  return tenants, counts
-end
-
--- a binary heap of {counter, seq, tenant, member, id}: the least counter, then seq
-local function less(a, b)
-  if a[1] ~= b[1] then return a[1] < b[1] end
-  return a[2] < b[2]
-end
-
-local function push(h, x)
-  table.insert(h, x)
-  local i = #h
-  while i > 1 do
-    local p = math.floor(i / 2)
-    if not less(h[i], h[p]) then break end
-    h[i], h[p] = h[p], h[i]
-    i = p
-  end
-end
-
-local function pop(h)
-  local top, tail = h[1], table.remove(h)
-  if #h > 0 then
-    h[1] = tail
-    local i = 1
-    while true do
-      local l, m = 2 * i, i
-      if l <= #h and less(h[l], h[m]) then m = l end
-      if l + 1 <= #h and less(h[l + 1], h[m]) then m = l + 1 end
-      if m == i then break end
-      h[i], h[m] = h[m], h[i]
-      i = m
-    end
-  end
-  return top
-end
-
--- tenant's first waiter of class `rank` after `after` (nil: its first), as a heap entry
-local function head(rank, tenant, after, at)
-  local prefix = rank .. '|' .. tenant .. '|'
-  local m = redis.call('ZRANGEBYLEX', KEYS[14], after and ('(' .. after) or ('[' .. prefix),
-                       '[' .. prefix .. '\\255', 'LIMIT', 0, 1)[1]
-  if not m then return nil end
-  local seq, id = string.match(m, '^%d+|[^|]*|(%d+)|(.*)$')
-  return {at, tonumber(seq), tenant, m, id}
-end
-
--- class `rank`'s fair order (policies.fairness.order): the ids picked until `want` are
--- picked and the `left` ids of `targets` are placed, or `places` are picked
-local function class_order(rank, tenants, want, targets, left, places)
-  local heap = {}
-  for _, t in ipairs(tenants) do
-    local first = head(rank, t, nil, counter(t))
-    if first then push(heap, first) end
-  end
-  local picks = {}
-  while #heap > 0 and (#picks < want or (left > 0 and #picks < places)) do
-    local top = pop(heap)
-    table.insert(picks, top[5])
-    if targets[top[5]] then left = left - 1 end
-    local share = share_of(top[5])
-    local cost = share and share.expected / share.weight or 0
-    local after = head(rank, top[3], top[4], top[1] + cost)
-    if after then push(heap, after) end
-  end
-  return picks
-end
-
--- at most `kept` counters (checked past kept + 1/8): the lowest idle ones go first
-local function trim(kept)
-  local n = redis.call('HLEN', KEYS[12])
-  if n <= kept + math.floor(kept / 8) then return end
-  local busy = {}
-  for _, f in ipairs(redis.call('HKEYS', KEYS[15])) do
-    busy[string.match(f, '^%d+|(.*)$')] = true
-  end
-  for _, v in ipairs(redis.call('HVALS', KEYS[13])) do
-    busy[string.match(v, '^[^|]*|[^|]*|[^|]*|(.*)$')] = true
-  end
-  local flat = redis.call('HGETALL', KEYS[12])
-  local idle = {}
-  for i = 1, #flat, 2 do
-    if not busy[flat[i]] then table.insert(idle, {tonumber(flat[i + 1]), flat[i]}) end
-  end
-  table.sort(idle, function(a, b)
-    if a[1] ~= b[1] then return a[1] < b[1] end
-    return a[2] < b[2]
-  end)
-  for i = 1, math.min(n - kept, #idle) do redis.call('HDEL', KEYS[12], idle[i][2]) end
-end
-"""
-
-# ACQUIRE: as in `policies.slots.lua` (a newcomer when nobody waits: charged nothing).
-FAIR_ACQUIRE = PRELUDE + _FAIR + """
+# ACQUIRE: as in `policies.slots.lua`; the newcomer's tenant is charged its prompt.
+#   ARGV[1] lease id   ARGV[2] ttl ms   ARGV[3] wake-up channel   ARGV[4] tenant ('': none,
+#   charged nothing)   ARGV[5] weight   ARGV[6] prompt tokens   ARGV[7..] the replicas
+FAIR_ACQUIRE = PRELUDE + TENANTS + """
 local now = now_ms()
 purge(now, ARGV[3], forget)
 local s = state()
-local replica = s[3] == 0 and free_seat(4, #ARGV)
+local replica = s[3] == 0 and free_seat(7, #ARGV)
 if replica then
   local token = grant(ARGV[1], now, tonumber(ARGV[2]), replica)
+  if ARGV[4] ~= '' then
+    redis.call('HSET', KEYS[13], ARGV[1],
+               ARGV[5] .. '|' .. ARGV[6] .. '|' .. ARGV[6] .. '|' .. ARGV[4])
+    redis.call('SET', KEYS[16], charge(share_of(ARGV[1]), tonumber(ARGV[6])))
+  end
   s = changed(nil, ARGV[3])
   return {token, s[1], s[2], s[3], s[4], s[5], replica}
 end
@@ -193,7 +57,7 @@ return {0, s[1], s[2], s[3], s[4], s[5], ''}
 #   ARGV[5] class rank   ARGV[6] tenant   ARGV[7] weight   ARGV[8] prompt tokens
 #   ARGV[9] expected tokens (prompt and answer)   ARGV[10] counters kept   ARGV[11] places
 #   returns as FIFO's ENQUEUE, the position being its place in the fair order
-FAIR_ENQUEUE = PRELUDE + _FAIR + """
+FAIR_ENQUEUE = PRELUDE + TENANTS + """
 local now = now_ms()
 local id, ttl, rank, tenant = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5]), ARGV[6]
 local places = tonumber(ARGV[11])
@@ -265,7 +129,7 @@ return {position, s[1], s[2], s[3], s[4], s[5]}
 #   ARGV[5..4+2n] the replicas as name, slots pairs, in the order of preference
 #   ARGV[5+2n..] ticket ids
 #   returns as FIFO's POLL
-FAIR_POLL = PRELUDE + _FAIR + """
+FAIR_POLL = PRELUDE + TENANTS + """
 local now = now_ms()
 local ttl, places = tonumber(ARGV[1]), tonumber(ARGV[3])
 local last = 4 + 2 * tonumber(ARGV[4])  -- the last ARGV of the replicas
@@ -350,7 +214,7 @@ return head
 
 # RENEW: as FIFO's, and a held lease charges its answer's tokens since the last charge.
 #   ARGV[1..5] as FIFO's RENEW   ARGV[6] tokens produced since the last charge
-FAIR_RENEW = PRELUDE + _FAIR + """
+FAIR_RENEW = PRELUDE + TENANTS + """
 local now = now_ms()
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
@@ -369,7 +233,7 @@ return 0
 
 # RELEASE: as FIFO's, a held lease charging its answer's tokens since the last charge.
 #   ARGV[1] lease id   ARGV[2] wake-up channel   ARGV[3] tokens since the last charge
-FAIR_RELEASE = PRELUDE + _FAIR + """
+FAIR_RELEASE = PRELUDE + TENANTS + """
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
 local share = share_of(ARGV[1])
@@ -386,7 +250,7 @@ return {0, s[1], s[2], s[3], s[4], s[5]}
 
 # WITHDRAW: as FIFO's, the waiter leaving the tenants' index too.
 #   ARGV[1] ticket id   ARGV[2] wake-up channel
-FAIR_WITHDRAW = PRELUDE + _FAIR + """
+FAIR_WITHDRAW = PRELUDE + TENANTS + """
 redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   unline(ARGV[1])

@@ -156,10 +156,13 @@ class RedisSlotPool:
     async def try_acquire(self, prefer: Sequence[str] = (),
                           share: Share | None = None) -> RedisLease | None:
         lease_id = _new_id()
+        args: list[str | int | float] = [lease_id, self.ttl_ms, self.channel]
+        if self.fair:  # its tenant ('': none, charged nothing), weight and prompt
+            args += ["", 1, 0] if share is None else [
+                _tenant(share), share.weight, share.prompt_tokens]
         try:
             token, *counts, replica = await self.coordinator.call(
-                self.script["acquire"], self.keys,
-                [lease_id, self.ttl_ms, self.channel, *self.group.offer(prefer)])
+                self.script["acquire"], self.keys, [*args, *self.group.offer(prefer)])
         except CoordinationError:
             self.coordinator.in_background(lambda: self.release_id(lease_id))  # it may exist
             raise
@@ -173,9 +176,9 @@ class RedisSlotPool:
         ticket_id = _new_id()
         args: list[str | int | float] = [self.queue_limit, ticket_id, self.ttl_ms,
                                          self.channel, priority.rank]
-        if self.fair:  # its tenant (hex: no '|'), weight, prompt and expected tokens
+        if self.fair:  # its tenant, weight, prompt and expected tokens
             share = share or Share(ticket_id)
-            args += [share.tenant.encode().hex() or "-", share.weight, share.prompt_tokens,
+            args += [_tenant(share), share.weight, share.prompt_tokens,
                      expected_tokens(share.prompt_tokens, max_tokens), MAX_TENANTS,
                      FAIR_PLACES]
         try:
@@ -327,3 +330,8 @@ class RedisSlotPool:
 
 def _new_id() -> str:
     return os.urandom(9).hex()
+
+
+def _tenant(share: Share) -> str:
+    """A tenant as the fair scripts key it: its UTF-8 in hex (no '|'), '-' for ''."""
+    return share.tenant.encode().hex() or "-"

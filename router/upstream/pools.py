@@ -98,4 +98,5 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
                               backend.queue_limit, HoldTimeModel(backend.initial_hold_s),
                               replicas=local_shares(replicas, config.expected_replicas),
                               answers=answers)
+        local.order_by(backend.queue_order)  # the shared line's order, while Redis is away
     return FailoverPool(shared, local, config.expected_replicas)

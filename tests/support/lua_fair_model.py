@@ -27,7 +27,7 @@ class Owner:
 
 @dataclass
 class FairModel(Model):
-    kept: int = 4  # counters kept (checked past kept + kept // 8)
+    kept: int = 4  # counters kept
     places: int = 2  # places of a class placed exactly
     counters: Counters = field(default_factory=Counters)
     owners: dict[str, Owner] = field(default_factory=dict)  # ticket or lease -> its share
@@ -80,6 +80,15 @@ class FairModel(Model):
 
     # -- the scripts -------------------------------------------------------------------
 
+    def acquire_share(self, lease: str, offer: Sequence[str], owner: Owner | None
+                      ) -> list[Any]:
+        reply = self.acquire(lease, offer)
+        if reply[0] and owner is not None:  # a newcomer's prompt counts, line or not
+            self.owners[lease] = owner
+            self.counters.charge(owner.tenant, owner.prompt, owner.weight)
+            self.counters.granted(owner.tenant)
+        return reply
+
     def enqueue_share(self, ticket: str, rank: int, owner: Owner) -> list[Any]:
         self.purge()
         if len(self.waiters) >= self.queue_limit:
@@ -96,8 +105,7 @@ class FairModel(Model):
         at = sum(self.ranks[t] <= rank for t in self.waiters)
         self.waiters.insert(at, ticket)
         self.ranks[ticket], self.seqs[ticket], self.owners[ticket] = rank, self.seq, owner
-        if len(self.counters.served) > self.kept + self.kept // 8:
-            self.counters.trim(o.tenant for o in self.owners.values())
+        self.counters.trim(o.tenant for o in self.owners.values())
         self.version += 1
         return [self.places_of()[ticket], *self.counts()]
 
