@@ -181,10 +181,10 @@ async def pool() -> AsyncIterator[HttpPool]:
 # -- the slot pools' contract (tests/test_pool_contract*.py) ------------------------------------
 
 
-@pytest.fixture(params=["local", "local-fair", "redis"])
+@pytest.fixture(params=["local", "local-fair", "redis", "redis-fair"])
 def pool_backend(request: pytest.FixtureRequest) -> tuple[str | None, QueueOrder]:
-    """(None, order) for a local pool (`local-fair`: `queue_order: fair`, each waiter a
-    tenant of its own); (the url of a private redis-server, order) for a shared one."""
+    """(None, order) for a local pool (`-fair`: `queue_order: fair`, each waiter a tenant
+    of its own); (the url of a private redis-server, order) for a shared one."""
     kind, _, order = request.param.partition("-")
     if kind == "local":
         return None, QueueOrder(order or "fifo")

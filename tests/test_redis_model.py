@@ -11,6 +11,11 @@ classes; a full line makes room for a higher class by shedding its newest shedda
 The backend is a group of one to three engine replicas of one or two slots; each call
 offers some of them (a process's healthy ones) in some order, and no replica may ever
 hold more than its slots (the model is tests/support/lua_model.py).
+
+A `fair` pool's scripts (policies/slots/lua_fair.py) run the same steps against the model
+of tests/support/lua_fair_model.py: newcomers of a few tenants and weights, each class's
+line in the order of `policies.fairness`, renewals and releases charging answer tokens,
+and Redis's counters, shares and tenants' index equal to the model's.
 """
 
 from __future__ import annotations
@@ -33,15 +38,29 @@ from hypothesis.stateful import (
 )
 
 from policies.slots.lua import ACQUIRE, ENQUEUE, KEY_NAMES, POLL, RELEASE, RENEW, WITHDRAW
+from policies.slots.lua_fair import (
+    FAIR_ACQUIRE,
+    FAIR_ENQUEUE,
+    FAIR_POLL,
+    FAIR_RELEASE,
+    FAIR_RENEW,
+    FAIR_WITHDRAW,
+)
 from tests.support import RedisServer, closed_port, require_program
+from tests.support.lua_fair_model import FairModel, Owner
 from tests.support.lua_model import Model
 
 TTL_MS = 600_000  # nothing expires by itself while a test runs: the rules expire things
 CHANNEL = "{model}:wake"
 KEYS = [f"{{model}}:{name}" for name in KEY_NAMES]
-HOLDERS, WAITERS, ALIVE, _SEQ, FENCE, GRANTED, TOKENS, VERSION, SHED, PLACED, SEATS = KEYS
+HOLDERS, WAITERS, ALIVE, _SEQ, FENCE, GRANTED, TOKENS, VERSION, SHED, PLACED, SEATS = KEYS[:11]
+SERVED, SHARES, LINE, BACKLOG, LAST = KEYS[11:]
 SCRIPTS = {"acquire": ACQUIRE, "enqueue": ENQUEUE, "poll": POLL, "renew": RENEW,
-           "release": RELEASE, "withdraw": WITHDRAW}
+           "release": RELEASE, "withdraw": WITHDRAW, "fair_acquire": FAIR_ACQUIRE,
+           "fair_enqueue": FAIR_ENQUEUE, "fair_poll": FAIR_POLL, "fair_renew": FAIR_RENEW,
+           "fair_release": FAIR_RELEASE, "fair_withdraw": FAIR_WITHDRAW}
+SHARES_DRAWN = st.tuples(st.sampled_from("abcdefghijkl"), st.sampled_from([1, 2, 4]),
+                         st.integers(0, 8), st.integers(0, 24))  # tenant, weight, prompt, answer
 
 
 @dataclass
@@ -77,10 +96,13 @@ def live_first(live: Iterable[str], every: list[str]) -> list[str]:
 
 
 class PoolMachine(RuleBasedStateMachine):
+    fair = False  # the `fair` scripts and model
+
     def __init__(self, store: Store) -> None:
         super().__init__()
         self.store = store
         self.model = Model(replicas={}, queue_limit=0)
+        self.fair_model = FairModel(replicas={}, queue_limit=0)
         self.on: dict[str, str] = {}  # every lease ever granted -> its replica
         # Every id a lease was asked or granted for, every ticket ever given out, and
         # one of each that Redis never saw (no rule has a precondition: rules disabled
@@ -94,6 +116,9 @@ class PoolMachine(RuleBasedStateMachine):
         self.version_floor = 0
         self.short = 0  # overtaken waiters without a free slot (see the invariant)
         self.reclaims = 0
+
+    def call(self, step: str, args: list[str | int]) -> Any:
+        return self.store.call(("fair_" if self.fair else "") + step, args)
 
     def new_id(self, kind: str) -> str:
         self.made += 1
@@ -138,40 +163,63 @@ class PoolMachine(RuleBasedStateMachine):
         client.flushall()
         seconds, micros = client.time()
         self.version_floor = (seconds * 1000 + micros // 1000) * 1000
-        self.model = Model({f"r{i}": n for i, n in enumerate(slots)}, queue_limit)
+        replicas = {f"r{i}": n for i, n in enumerate(slots)}
+        self.fair_model = FairModel(replicas, queue_limit, kept=8)
+        self.model = self.fair_model if self.fair else Model(replicas, queue_limit)
 
     @rule(data=st.data())
     def acquire(self, data: st.DataObject) -> None:
         lease = self.new_id("L")
         self.leases.append(lease)
         order, pairs = self.offer(data)
-        reply = self.store.call("acquire", [lease, TTL_MS, CHANNEL, *pairs])
-        expected = self.model.acquire(lease, order)
+        if self.fair:  # a newcomer of a tenant (or of none: charged nothing)
+            drawn = data.draw(st.one_of(st.none(), SHARES_DRAWN))
+            owner = None if drawn is None else Owner(drawn[0], drawn[1], drawn[2], drawn[2])
+            share: list[str | int] = ["", 1, 0] if drawn is None else [*drawn[:3]]
+            reply = self.call("acquire", [lease, TTL_MS, CHANNEL, *share, *pairs])
+            expected = self.fair_model.acquire_share(lease, order, owner)
+        else:
+            reply = self.call("acquire", [lease, TTL_MS, CHANNEL, *pairs])
+            expected = self.model.acquire(lease, order)
         assert self.counted(reply) == expected
         if reply[0]:
             self.granted(reply[0])
             self.on[lease] = expected[-1]
 
-    @rule(ranks=st.lists(st.integers(0, 2), min_size=1, max_size=3))
-    def enqueue(self, ranks: list[int]) -> None:
-        """Newcomers of these classes line up (with a slot free or not: a poll serves them)."""
-        for rank in ranks:
+    @rule(newcomers=st.lists(st.tuples(st.integers(0, 2), SHARES_DRAWN), min_size=1,
+                             max_size=3))
+    def enqueue(self, newcomers: list[tuple[int, tuple[str, int, int, int]]]) -> None:
+        """Newcomers of these classes (and, in a fair line, tenants) line up (with a slot
+        free or not: a poll serves them)."""
+        for rank, (tenant, weight, prompt, answer) in newcomers:
             ticket = self.new_id("T")
             self.tickets.append(ticket)
-            reply = self.store.call(
-                "enqueue", [self.model.queue_limit, ticket, TTL_MS, CHANNEL, rank])
-            expected = self.model.enqueue(ticket, rank)
+            args: list[str | int] = [self.model.queue_limit, ticket, TTL_MS, CHANNEL, rank]
+            if not self.fair:
+                reply = self.call("enqueue", args)
+                expected = self.model.enqueue(ticket, rank)
+                assert self.counted(reply) == expected
+                continue
+            owner = Owner(tenant, weight, prompt, prompt + answer)
+            model = self.fair_model
+            reply = self.call("enqueue", [*args, tenant, weight, prompt, owner.expected,
+                                          model.kept, model.places])
+            expected = model.enqueue_share(ticket, rank, owner)
             assert self.counted(reply) == expected
 
     @rule(data=st.data())
     def poll(self, data: st.DataObject) -> None:
         """One replica's re-check: some of the tickets, in its order (tickets in line,
-        the last first, are drawn more often than ones granted or gone)."""
+        the last first, are drawn more often than ones granted or gone); in a fair line
+        often all those in line, so that the order decides."""
         candidates = live_first(self.model.waiters[::-1], self.tickets)
-        tickets = data.draw(st.lists(st.sampled_from(candidates), unique=True, max_size=4))
+        some = st.lists(st.sampled_from(candidates), unique=True, max_size=4)
+        if self.fair:
+            some = st.one_of(st.permutations(self.model.waiters), some)
+        tickets = data.draw(some)
         order, pairs = self.offer(data)
-        reply = self.store.call(
-            "poll", [TTL_MS, CHANNEL, len(order), *pairs, *tickets])
+        places = [self.fair_model.places] if self.fair else []
+        reply = self.call("poll", [TTL_MS, CHANNEL, *places, len(order), *pairs, *tickets])
         counts, statuses = self.model.poll(tickets, order)
         assert self.counted([*reply[:4], reply[6], *reply[7:]], at=0) == [*counts, *statuses]
         assert reply[4] >= self.last_now, "Redis's clock went back"
@@ -189,9 +237,14 @@ class PoolMachine(RuleBasedStateMachine):
         lease = data.draw(st.sampled_from(live_first(self.model.holders, self.leases)))
         replica = self.on.get(lease) or data.draw(st.sampled_from(list(self.model.replicas)))
         before = self.model.fence
-        reply = self.store.call(
-            "renew", [lease, TTL_MS, self.model.replicas[replica], CHANNEL, replica])
-        assert reply == self.model.renew(lease, replica)
+        args: list[str | int] = [lease, TTL_MS, self.model.replicas[replica], CHANNEL, replica]
+        if self.fair:  # with its answer's tokens since the last charge
+            tokens = data.draw(st.integers(0, 30))
+            reply = self.call("renew", [*args, tokens])
+            assert reply == self.fair_model.renew_charging(lease, replica, tokens)
+        else:
+            reply = self.call("renew", args)
+            assert reply == self.model.renew(lease, replica)
         if reply == 2:
             self.on[lease] = replica
             assert self.model.fence == before + 1
@@ -200,14 +253,19 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         lease = data.draw(st.sampled_from(live_first(self.model.holders, self.leases)))
-        reply = self.store.call("release", [lease, CHANNEL])
-        expected = self.model.release(lease)
+        if self.fair:  # with its answer's tokens since the last charge
+            tokens = data.draw(st.integers(0, 30))
+            reply = self.call("release", [lease, CHANNEL, tokens])
+            expected = self.fair_model.release_charging(lease, tokens)
+        else:
+            reply = self.call("release", [lease, CHANNEL])
+            expected = self.model.release(lease)
         assert self.counted(reply) == expected
 
     @rule(data=st.data())
     def withdraw(self, data: st.DataObject) -> None:
         ticket = data.draw(st.sampled_from(live_first(self.model.waiters, self.tickets)))
-        reply = self.store.call("withdraw", [ticket, CHANNEL])
+        reply = self.call("withdraw", [ticket, CHANNEL])
         expected = self.model.withdraw(ticket)
         assert self.counted(reply) == expected
 
@@ -261,6 +319,28 @@ class PoolMachine(RuleBasedStateMachine):
         assert {lease.decode() for lease in granted} == set(model.holders)
         assert self.changes(int(version or 0)) == model.version
         assert int(fence or 0) == model.fence
+        if self.fair:
+            self.fair_keys_equal_the_model()
+
+    def fair_keys_equal_the_model(self) -> None:
+        """The counters, the last served's, the shares and the tenants' index."""
+        pipe = self.store.client.pipeline(transaction=True)
+        pipe.hgetall(SERVED)
+        pipe.get(LAST)
+        pipe.hgetall(SHARES)
+        pipe.zrange(LINE, 0, -1)
+        pipe.hgetall(BACKLOG)
+        served, last, shares, line, backlog = pipe.execute()
+        model = self.fair_model
+        assert {k.decode(): float(v) for k, v in served.items()} == model.counters.served
+        assert float(last or 0) == model.counters.last
+        owners = {}
+        for k, v in shares.items():
+            weight, prompt, expected, tenant = v.decode().split("|", 3)
+            owners[k.decode()] = Owner(tenant, float(weight), int(prompt), int(expected))
+        assert owners == model.owners
+        assert {m.decode() for m in line} == model.members()
+        assert {k.decode(): int(v) for k, v in backlog.items()} == model.line()
 
     @invariant()
     def overtaken_waiters_keep_a_slot(self) -> None:
@@ -276,10 +356,12 @@ class PoolMachine(RuleBasedStateMachine):
         self.short, self.reclaims = short, model.reclaims
 
 
-def test_scripts_follow_the_model(store: Store) -> None:
+@pytest.mark.parametrize("fair", [False, True], ids=["fifo", "fair"])
+def test_scripts_follow_the_model(store: Store, fair: bool) -> None:
     class OnThisServer(PoolMachine):
         def __init__(self) -> None:
             super().__init__(store)
+            self.fair = fair
 
     run_state_machine_as_test(
         OnThisServer,

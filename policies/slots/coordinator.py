@@ -19,6 +19,14 @@ from redis.exceptions import RedisError
 from policies.breaker import BreakerState, CircuitBreaker
 from policies.slots.base import CoordinationError
 from policies.slots.lua import ACQUIRE, ENQUEUE, POLL, RELEASE, RENEW, WITHDRAW
+from policies.slots.lua_fair import (
+    FAIR_ACQUIRE,
+    FAIR_ENQUEUE,
+    FAIR_POLL,
+    FAIR_RELEASE,
+    FAIR_RENEW,
+    FAIR_WITHDRAW,
+)
 
 log = logging.getLogger("slotgate.redis")
 RETRIES = 5  # background retries of a release or withdrawal by id
@@ -51,7 +59,9 @@ class RedisCoordinator:
             retry_on_timeout=False, decode_responses=False)
         self.scripts = {name: self.client.register_script(text) for name, text in (
             ("acquire", ACQUIRE), ("enqueue", ENQUEUE), ("poll", POLL), ("renew", RENEW),
-            ("release", RELEASE), ("withdraw", WITHDRAW))}
+            ("release", RELEASE), ("withdraw", WITHDRAW), ("fair_acquire", FAIR_ACQUIRE),
+            ("fair_enqueue", FAIR_ENQUEUE), ("fair_poll", FAIR_POLL), ("fair_renew", FAIR_RENEW),
+            ("fair_release", FAIR_RELEASE), ("fair_withdraw", FAIR_WITHDRAW))}
         self.pools: dict[bytes, Subscriber] = {}  # by wake-up channel
         self._listener: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()

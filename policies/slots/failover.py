@@ -47,11 +47,13 @@ def local_shares(replicas: Mapping[str, int] | None,
 
 
 class FailoverTicket:
-    def __init__(self, pool: FailoverPool, ticket: RedisTicket, priority: Priority) -> None:
+    def __init__(self, pool: FailoverPool, ticket: RedisTicket, priority: Priority,
+                 share: Share | None = None) -> None:
         self._pool = pool
         self._ticket: Ticket = ticket  # a LocalTicket after a move
         self._priority = priority
         self._max_tokens = ticket.max_tokens
+        self._share = share
 
     @property
     def position(self) -> int:
@@ -65,7 +67,8 @@ class FailoverTicket:
         except CoordinationError:
             pass
         # Redis went away while we waited: on to the local line, in the same class
-        self._ticket = await self._pool.local_ticket(self._priority, self._max_tokens)
+        self._ticket = await self._pool.local_ticket(self._priority, self._max_tokens,
+                                                     self._share)
         left = deadline - time.monotonic()
         if left <= 0:
             await self._ticket.withdraw()
@@ -177,10 +180,11 @@ class FailoverPool:
             ticket = await self.shared.enqueue(priority, max_tokens=max_tokens, share=share)
         except CoordinationError:
             return self._local().enqueue_nowait(priority, max_tokens=max_tokens, share=share)
-        return None if ticket is None else FailoverTicket(self, ticket, priority)
+        return None if ticket is None else FailoverTicket(self, ticket, priority, share)
 
-    async def local_ticket(self, priority: Priority, max_tokens: int | None = None) -> Ticket:
-        ticket = self._local().enqueue_nowait(priority, max_tokens=max_tokens)
+    async def local_ticket(self, priority: Priority, max_tokens: int | None = None,
+                           share: Share | None = None) -> Ticket:
+        ticket = self._local().enqueue_nowait(priority, max_tokens=max_tokens, share=share)
         if ticket is None:
             raise PoolUnavailable(self.name, self.retry_after_s())
         return ticket

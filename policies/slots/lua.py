@@ -20,6 +20,17 @@ in this order:
     KEYS[10] placed    hash        lease id -> the engine replica it runs on
     KEYS[11] seats     hash        engine replica -> its holders (absent: none)
 
+A `fair` pool (`policies.slots.lua_fair`) keeps five more; a `fifo` one never touches them:
+
+    KEYS[12] served    hash        tenant -> its weighted tokens served (a float)
+    KEYS[13] shares    hash        ticket or lease id -> 'weight|prompt|expected|tenant':
+                                   whose it is, what its grant charges (its prompt) and
+                                   what the order's forecast charges (prompt and answer)
+    KEYS[14] line      sorted set  score 0, members 'rank|tenant|seq|id' (seq on 13
+                                   digits): each tenant's waiters of a class, by lex range
+    KEYS[15] backlog   hash        'rank|tenant' -> its waiters in that class
+    KEYS[16] last      string      the counter of the tenant granted last
+
 A backend is a group of engine replicas, each with its slots. A process passes the replicas
 it considers healthy as (name, slots) pairs in its order of preference; a grant goes to
 the first of them with a free seat, so no replica ever holds more than its slots. (The
@@ -33,18 +44,19 @@ becomes a lease with the same id.
 
 Messages on a pool's channel read `kind:version:holders:waiters:sheddable:seats`, where
 `seats` is `name=holders` per engine replica holding any, joined by commas. `release`,
-`withdraw`, `expired` and `shed` wake waiters (a slot may be theirs, or their place
-moved); `grant` only tells the other replicas the new counts.
+`withdraw`, `expired`, `shed` and `moved` (a `fair` newcomer ahead of waiters of its class)
+wake waiters (a slot may be theirs, or their place moved); `grant` only tells the other
+replicas the new counts.
 """
 
 from __future__ import annotations
 
 KEY_NAMES = ("holders", "waiters", "alive", "seq", "fence", "granted", "tokens", "version",
-             "shed", "placed", "seats")
-WAKING_KINDS = (b"release", b"withdraw", b"expired", b"shed")
+             "shed", "placed", "seats", "served", "shares", "line", "backlog", "last")
+WAKING_KINDS = (b"release", b"withdraw", b"expired", b"shed", b"moved")
 SHED = -2  # POLL's status for a ticket displaced by a higher class
 
-_PRELUDE = """
+PRELUDE = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -112,9 +124,11 @@ local function changed(kind, channel)
   return s
 end
 
-local function purge(now, channel)
+-- `gone` (a fair pool's): told of each expired lease (false) and dead waiter (true) first
+local function purge(now, channel, gone)
   local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
   for _, id in ipairs(expired) do
+    if gone then gone(id, false) end
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', KEYS[6], id)
     redis.call('HDEL', KEYS[7], id)
@@ -123,6 +137,7 @@ local function purge(now, channel)
   redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
   for _, id in ipairs(dead) do
+    if gone then gone(id, true) end
     redis.call('ZREM', KEYS[3], id)
     redis.call('ZREM', KEYS[2], id)
   end
@@ -147,7 +162,7 @@ end
 #   ARGV[1] lease id   ARGV[2] ttl ms   ARGV[3] wake-up channel
 #   ARGV[4..] the replicas as name, slots pairs, in the order of preference
 #   returns {token or 0, version, holders, waiters, sheddable, {seats}, replica or ''}
-ACQUIRE = _PRELUDE + """
+ACQUIRE = PRELUDE + """
 local now = now_ms()
 purge(now, ARGV[3])
 local s = state()
@@ -166,7 +181,7 @@ return {0, s[1], s[2], s[3], s[4], s[5], ''}
 #   ARGV[5] class rank (0 critical, 1 standard (the default), 2 sheddable)
 #   returns {position (1 = next) or 0 when full, version, holders, waiters, sheddable,
 #            {seats}}
-ENQUEUE = _PRELUDE + """
+ENQUEUE = PRELUDE + """
 local now = now_ms()
 local ttl, rank = tonumber(ARGV[3]), tonumber(ARGV[5] or '1')
 purge(now, ARGV[4])
@@ -205,7 +220,7 @@ return {redis.call('ZRANK', KEYS[2], ARGV[2]) + 1, s[1], s[2], s[3], s[4], s[5]}
 #     status 1: granted, value = fencing token, replica = its replica; 0: waiting,
 #     value = position; -1: gone; -2: displaced by a higher class (shed); replica ''
 #     unless granted
-POLL = _PRELUDE + """
+POLL = PRELUDE + """
 local now = now_ms()
 local ttl = tonumber(ARGV[1])
 local last = 3 + 2 * tonumber(ARGV[3])  -- the last ARGV of the replicas
@@ -266,7 +281,7 @@ return head
 #   ARGV[1] lease id   ARGV[2] ttl ms   ARGV[3] its replica's slots   ARGV[4] wake-up channel
 #   ARGV[5] its replica
 #   returns 1 renewed, 2 re-registered, 0 lost
-RENEW = _PRELUDE + """
+RENEW = PRELUDE + """
 local now = now_ms()
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
@@ -285,7 +300,7 @@ return 0
 #   ARGV[1] lease id   ARGV[2] wake-up channel
 #   returns {1 released or 0 not held (released already or expired), version, holders,
 #            waiters, sheddable, {seats}}
-RELEASE = _PRELUDE + """
+RELEASE = PRELUDE + """
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
@@ -301,7 +316,7 @@ return {0, s[1], s[2], s[3], s[4], s[5]}
 #   ARGV[1] ticket id   ARGV[2] wake-up channel
 #   returns {1 left or 0 not in line (granted, expired, shed or gone), version, holders,
 #            waiters, sheddable, {seats}}
-WITHDRAW = _PRELUDE + """
+WITHDRAW = PRELUDE + """
 redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
   local s = changed('withdraw', ARGV[2])

@@ -1,4 +1,5 @@
-"""RedisSlotPool: one backend's slots and FIFO queue, shared by every process and replica.
+"""RedisSlotPool: one backend's slots and queue (FIFO within a class, or `fair` between
+tenants: `policies.slots.lua_fair`), shared by every process and replica.
 
 Each atomic step is a Lua script (`policies.slots.lua`). Waiting does not poll Redis in a
 loop: a release anywhere publishes a wake-up; each process holds one subscription
@@ -27,7 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from policies.answers import AnswerModel
 from policies.breaker import BreakerState
-from policies.config import Priority
+from policies.config import Priority, QueueOrder
+from policies.fairness import MAX_TENANTS, expected_tokens
 from policies.forecast import line_starts, seen_here
 from policies.holds import HoldTimeModel
 from policies.slots.base import (
@@ -40,6 +42,7 @@ from policies.slots.base import (
 )
 from policies.slots.coordinator import RETRIES, RedisCoordinator
 from policies.slots.lua import KEY_NAMES, SHED, WAKING_KINDS
+from policies.slots.lua_fair import FAIR_PLACES
 from policies.slots.seating import GroupView, from_message, from_reply
 from policies.slots.shared import RedisLease, RedisTicket
 
@@ -49,15 +52,21 @@ log = logging.getLogger("slotgate.redis")
 
 
 class RedisSlotPool:
-    """`capacity` slots (over `replicas`, a group of one by default) and a FIFO line of at
-    most `queue_limit`, kept in Redis."""
+    """`capacity` slots (over `replicas`, a group of one by default) and a line of at most
+    `queue_limit`, kept in Redis: FIFO within a class, or `fair` between tenants
+    (`policies.slots.lua_fair`)."""
 
     def __init__(self, name: str, capacity: int, queue_limit: int, estimator: HoldTimeModel,
                  coordinator: RedisCoordinator, lease_ttl_s: float, recheck_s: float,
                  clock: Callable[[], float] = time.monotonic,
                  replicas: Mapping[str, int] | None = None,
-                 answers: AnswerModel | None = None) -> None:
+                 answers: AnswerModel | None = None,
+                 queue_order: QueueOrder = QueueOrder.FIFO) -> None:
         self.name = name
+        self.fair = queue_order is QueueOrder.FAIR
+        prefix = "fair_" if self.fair else ""  # each step's script for this line
+        self.script = {step: prefix + step for step in (
+            "acquire", "enqueue", "poll", "renew", "release", "withdraw")}
         self.group = GroupView(replicas or {name: capacity})
         self.capacity = self.group.capacity
         self.queue_limit = queue_limit
@@ -147,10 +156,13 @@ class RedisSlotPool:
     async def try_acquire(self, prefer: Sequence[str] = (),
                           share: Share | None = None) -> RedisLease | None:
         lease_id = _new_id()
+        args: list[str | int | float] = [lease_id, self.ttl_ms, self.channel]
+        if self.fair:  # its tenant ('': none, charged nothing), weight and prompt
+            args += ["", 1, 0] if share is None else [
+                _tenant(share), share.weight, share.prompt_tokens]
         try:
             token, *counts, replica = await self.coordinator.call(
-                "acquire", self.keys,
-                [lease_id, self.ttl_ms, self.channel, *self.group.offer(prefer)])
+                self.script["acquire"], self.keys, [*args, *self.group.offer(prefer)])
         except CoordinationError:
             self.coordinator.in_background(lambda: self.release_id(lease_id))  # it may exist
             raise
@@ -162,10 +174,16 @@ class RedisSlotPool:
                       max_tokens: int | None = None,
                       share: Share | None = None) -> RedisTicket | None:
         ticket_id = _new_id()
+        args: list[str | int | float] = [self.queue_limit, ticket_id, self.ttl_ms,
+                                         self.channel, priority.rank]
+        if self.fair:  # its tenant, weight, prompt and expected tokens
+            share = share or Share(ticket_id)
+            args += [_tenant(share), share.weight, share.prompt_tokens,
+                     expected_tokens(share.prompt_tokens, max_tokens), MAX_TENANTS,
+                     FAIR_PLACES]
         try:
             position, *counts = await self.coordinator.call(
-                "enqueue", self.keys,
-                [self.queue_limit, ticket_id, self.ttl_ms, self.channel, priority.rank])
+                self.script["enqueue"], self.keys, args)
         except CoordinationError:
             self.coordinator.in_background(lambda: self.withdraw_id(ticket_id))
             raise
@@ -215,9 +233,10 @@ class RedisSlotPool:
     async def _poll(self) -> None:
         tickets = list(self._tickets.values())
         offer = self.group.offer()
+        places = [FAIR_PLACES] if self.fair else []
         reply = await self.coordinator.call(
-            "poll", self.keys,
-            [self.ttl_ms, self.channel, len(offer) // 2, *offer, *(t.id for t in tickets)])
+            self.script["poll"], self.keys, [self.ttl_ms, self.channel, *places,
+                                             len(offer) // 2, *offer, *(t.id for t in tickets)])
         version, active, queued, sheddable, now_ms, granted, seats = reply[:7]
         self._ages = [(int(now_ms) - float(g)) / 1000 for g in granted]
         self._ages_at = self.clock()
@@ -261,19 +280,21 @@ class RedisSlotPool:
 
     # -- by id, retried: a timed-out call may have happened ---------------------------------
 
-    async def release_id(self, lease_id: str) -> None:
-        await self._retried("release", lease_id)
+    async def release_id(self, lease_id: str, tokens: int = 0) -> None:
+        """`tokens`: its answer's tokens not charged yet (a `fair` line's)."""
+        await self._retried("release", lease_id, *([tokens] if self.fair else []))
 
     async def withdraw_id(self, ticket_id: str) -> None:
         """Leave the line; if the ticket was granted meanwhile, release that lease."""
         if not await self._retried("withdraw", ticket_id):
-            await self._retried("release", ticket_id)  # same id: a no-op when never granted
+            await self.release_id(ticket_id)  # same id: a no-op when never granted
 
-    async def _retried(self, script: str, item: str) -> int:
+    async def _retried(self, step: str, item: str, *more: int) -> int:
+        script = self.script[step]
         for attempt in range(RETRIES):
             try:
                 done, *counts = await self.coordinator.call(
-                    script, self.keys, [item, self.channel])
+                    script, self.keys, [item, self.channel, *more])
             except CoordinationError:
                 await asyncio.sleep(self.recheck_s * (attempt + 1))  # retry backoff
                 continue
@@ -309,3 +330,8 @@ class RedisSlotPool:
 
 def _new_id() -> str:
     return os.urandom(9).hex()
+
+
+def _tenant(share: Share) -> str:
+    """A tenant as the fair scripts key it: its UTF-8 in hex (no '|'), '-' for ''."""
+    return share.tenant.encode().hex() or "-"

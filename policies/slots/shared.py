@@ -32,8 +32,10 @@ class SharedPool(Protocol):
     ttl_ms: int
     recheck_s: float
     mine: set[RedisLease]  # the leases held in this process
+    fair: bool  # a `fair` line: leases charge their answers' tokens
+    script: dict[str, str]  # each step's script
 
-    async def release_id(self, lease_id: str) -> None: ...
+    async def release_id(self, lease_id: str, tokens: int = 0) -> None: ...
 
     async def withdraw_id(self, ticket_id: str) -> None: ...
 
@@ -43,7 +45,9 @@ class SharedPool(Protocol):
 
 
 class RedisLease:
-    """A slot held in Redis, renewed every TTL/3 until released."""
+    """A slot held in Redis, renewed every TTL/3 until released. In a `fair` line each
+    renewal charges its tenant the answer's tokens relayed since the last one, and the
+    release the rest (up to `charge`'s count when given, else the relay's)."""
 
     def __init__(self, pool: SharedPool, lease_id: str, token: int, replica: str,
                  max_tokens: int | None = None) -> None:
@@ -54,6 +58,8 @@ class RedisLease:
         self.granted_at = pool.clock()
         self.released = False
         self.progress = Progress(max_tokens)  # seen by this process's forecasts only
+        self.charged = 0  # its answer's tokens charged so far (a `fair` line's)
+        self.final: int | None = None  # its answer's tokens, counted at its end
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._renewer = asyncio.create_task(self._renew(), name=f"renew-{lease_id}")
         pool.mine.add(self)
@@ -74,7 +80,12 @@ class RedisLease:
         self.progress = progress
 
     def charge(self, output_tokens: int) -> None:
-        pass
+        self.final = output_tokens
+
+    def produced(self) -> int:
+        """Its answer's tokens so far: the relay's count (a stream's), or 0."""
+        produced = self.progress.produced
+        return 0 if produced is None else produced.seen_events
 
     async def release(self) -> None:
         if self.released:
@@ -83,24 +94,31 @@ class RedisLease:
         self._renewer.cancel()
         self._pool.mine.discard(self)
         self._pool.estimator.observe(self.held_s)
-        await self._pool.release_id(self.id)
+        if not self._pool.fair:
+            await self._pool.release_id(self.id)
+            return
+        final = self.produced() if self.final is None else self.final
+        await self._pool.release_id(self.id, max(0, final - self.charged))
 
     async def _renew(self) -> None:
         pool = self._pool
         every = period = pool.lease_ttl_s / 3
         while True:
             await asyncio.sleep(period)  # the renewal period itself
+            args: list[str | int] = [self.id, pool.ttl_ms, pool.group.slots.get(self.replica, 0),
+                                     pool.channel, self.replica]
+            seen = self.produced() if pool.fair else 0
+            if pool.fair:
+                args.append(max(0, seen - self.charged))
             try:
-                state = await pool.coordinator.call(
-                    "renew", pool.keys, [self.id, pool.ttl_ms,
-                                         pool.group.slots.get(self.replica, 0), pool.channel,
-                                         self.replica])
+                state = await pool.coordinator.call(pool.script["renew"], pool.keys, args)
             except CoordinationError:
                 # Redis is away; the engine still runs this. Try again soon, so that the
                 # lease is back in Redis shortly after Redis is.
                 period = min(every, pool.recheck_s)
                 continue
             period = every
+            self.charged = max(self.charged, seen)
             if state == 0:
                 log.warning("lease %s on %s was lost (expired and its slot taken)",
                             self.id, pool.name)

@@ -91,11 +91,12 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
 
     shared = RedisSlotPool(name, backend.slots, backend.queue_limit, estimator, coordinator,
                            config.lease_ttl_s, config.recheck_s, replicas=replicas,
-                           answers=answers)
+                           answers=answers, queue_order=backend.queue_order)
     local = None
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
                               backend.queue_limit, HoldTimeModel(backend.initial_hold_s),
                               replicas=local_shares(replicas, config.expected_replicas),
                               answers=answers)
+        local.order_by(backend.queue_order)  # the shared line's order, while Redis is away
     return FailoverPool(shared, local, config.expected_replicas)

@@ -58,7 +58,7 @@ class PoolFactory:
             self.coordinators.append(coordinator)
             pool = RedisSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
                                  coordinator, lease_ttl_s=15, recheck_s=recheck_s,
-                                 replicas=group, answers=answers)
+                                 replicas=group, answers=answers, queue_order=self.order)
             await self._start(coordinator, pool)
             self._check_bounds(pool)
             pools.append(pool)
