@@ -144,6 +144,15 @@ class LocalSlotPool:
         self._watchers.append(callback)
         return lambda: self._watchers.remove(callback)
 
+    def tenants(self) -> dict[str, int]:
+        """Its waiters by tenant (one without a share: ""), for the dashboard."""
+        counts: dict[str, int] = {}
+        for line in self._lines:
+            for ticket in line.tickets:
+                tenant = "" if ticket.share is None else ticket.share.tenant
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
     def seats(self) -> tuple[Seats, ...]:
         return tuple(Seats(name, seat.slots, seat.active, seat.healthy)
                      for name, seat in self._seats.items())

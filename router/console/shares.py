@@ -18,13 +18,13 @@ TenantRow = dict[str, object]  # {"tenant", "tokens", "share", "waiting"}
 
 @runtime_checkable
 class TenantWaiters(Protocol):
-    """A pool that knows its waiters' tenants (a `fair` line keeps one queue per tenant)."""
+    """A pool that knows its waiters' tenants (a local one; a shared one sees only its own)."""
 
     def tenants(self) -> Mapping[str, int]: ...  # waiting requests by tenant
 
 
 def waiting(pool: object) -> Mapping[str, int] | None:
-    """Its waiters by tenant; None when the pool cannot tell (a FIFO line)."""
+    """Its waiters by tenant; None when the pool cannot tell (one shared through Redis)."""
     return pool.tenants() if isinstance(pool, TenantWaiters) else None
 
 
