@@ -14,29 +14,19 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from policies import limits as model
 from policies.admission import RejectReason
 from policies.config import ApiKeyConfig
-from policies.limits import Book, Limit, Limits
+from policies.limits import Book, Limit, Limits, period_bounds_ms
 
 Clock = Callable[[], float]  # Unix seconds
 
 
 def period_bounds(period: str, now: float) -> tuple[float, float]:
     """The start and end (Unix seconds) of the UTC `period` holding `now`."""
-    at = datetime.fromtimestamp(now, UTC)
-    if period == "hour":
-        start = at.replace(minute=0, second=0, microsecond=0)
-        end = start + timedelta(hours=1)
-    elif period == "day":
-        start = at.replace(hour=0, minute=0, second=0, microsecond=0)
-        end = start + timedelta(days=1)
-    else:
-        start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        end = (start + timedelta(days=32)).replace(day=1)
-    return start.timestamp(), end.timestamp()
+    start, end = period_bounds_ms(period, int(now * 1000))
+    return start / 1000, end / 1000
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import pytest
 
-from policies.config import QueueOrder
+from policies.config import QueueOrder, SimulatedSpec
 from router.app import RunningGateway, start_gateway
 from router.config import config_from_dict
 from router.upstream.client import HttpPool
+from router.upstream.simulated.app import RunningSim, start_simulator
 from tests.support import (
     REQUIRE_ALL,
     RedisServer,
@@ -231,3 +232,15 @@ def caplog_debug(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     for name in LOGGERS:
         caplog.set_level(logging.DEBUG, logger=name)
     return caplog
+
+
+@pytest.fixture
+async def engine_sim() -> AsyncIterator[RunningSim]:
+    """A fast simulated engine with room for many sequences, on its own loopback port:
+    only the gateways in front of it (their slots, their keys' limits) limit it."""
+    sim = await start_simulator(
+        SimulatedSpec(max_num_seqs=256, ttft_s=0, tokens_per_s=0, output_tokens=4), "m")
+    try:
+        yield sim
+    finally:
+        await sim.close()

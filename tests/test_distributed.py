@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
 import redis.asyncio as aioredis
 import yaml
 
@@ -43,16 +42,6 @@ def write_raw(folder: Path, big: dict[str, Any], redis_url: str, **coordination:
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return path
 
-
-@pytest.fixture
-async def engine_sim() -> AsyncIterator[RunningSim]:
-    """A fast engine with room for many sequences: only the gateways limit it."""
-    sim = await start_simulator(
-        SimulatedSpec(max_num_seqs=256, ttft_s=0, tokens_per_s=0, output_tokens=4), "m")
-    try:
-        yield sim
-    finally:
-        await sim.close()
 
 
 @contextlib.asynccontextmanager

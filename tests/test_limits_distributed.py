@@ -20,8 +20,7 @@ import pytest
 import redis
 import yaml
 
-from policies.config import SimulatedSpec
-from router.upstream.simulated.app import RunningSim, start_simulator
+from router.upstream.simulated.app import RunningSim
 from tests.support import MESSAGES, GatewayProcess, RedisServer, poll_until
 
 HOLDS = "{slotgate:limits:k}:holds"
@@ -43,16 +42,6 @@ def write_config(folder: Path, sim: RunningSim, redis_url: str, **limits: Any) -
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return path
 
-
-@pytest.fixture
-async def engine_sim() -> AsyncIterator[RunningSim]:
-    """A fast engine with room for many sequences: only the key's limits limit it."""
-    sim = await start_simulator(
-        SimulatedSpec(max_num_seqs=256, ttft_s=0, tokens_per_s=0, output_tokens=4), "m")
-    try:
-        yield sim
-    finally:
-        await sim.close()
 
 
 @pytest.fixture

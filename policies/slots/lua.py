@@ -155,6 +155,25 @@ local function grant(id, now, ttl, replica)
   redis.call('HINCRBY', KEYS[11], replica, 1)
   return token
 end
+
+-- POLL's report on a ticket no longer in line: granted already (a reply lost to a
+-- timeout: its token and replica again), displaced by a higher class, or gone
+local function not_waiting(id, out)
+  local token = redis.call('HGET', KEYS[7], id)
+  if token then
+    table.insert(out, 1)
+    table.insert(out, tonumber(token))
+    table.insert(out, redis.call('HGET', KEYS[10], id))
+  elseif redis.call('ZREM', KEYS[9], id) == 1 then
+    table.insert(out, -2)
+    table.insert(out, 0)
+    table.insert(out, '')
+  else
+    table.insert(out, -1)
+    table.insert(out, 0)
+    table.insert(out, '')
+  end
+end
 """
 
 # ACQUIRE: a free slot for a newcomer, only when nobody waits (newcomers never overtake),
@@ -246,20 +265,7 @@ for i = last + 1, #ARGV do
       table.insert(out, '')
     end
   else
-    local token = redis.call('HGET', KEYS[7], id)
-    if token then
-      table.insert(out, 1)
-      table.insert(out, tonumber(token))
-      table.insert(out, redis.call('HGET', KEYS[10], id))
-    elseif redis.call('ZREM', KEYS[9], id) == 1 then
-      table.insert(out, -2)
-      table.insert(out, 0)
-      table.insert(out, '')
-    else
-      table.insert(out, -1)
-      table.insert(out, 0)
-      table.insert(out, '')
-    end
+    not_waiting(id, out)
   end
 end
 local s = state()

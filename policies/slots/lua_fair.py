@@ -181,20 +181,7 @@ for i = last + 1, #ARGV do
     table.insert(out, place[id])
     table.insert(out, '')
   else
-    local token = redis.call('HGET', KEYS[7], id)
-    if token then
-      table.insert(out, 1)
-      table.insert(out, tonumber(token))
-      table.insert(out, redis.call('HGET', KEYS[10], id))
-    elseif redis.call('ZREM', KEYS[9], id) == 1 then
-      table.insert(out, -2)
-      table.insert(out, 0)
-      table.insert(out, '')
-    else
-      table.insert(out, -1)
-      table.insert(out, 0)
-      table.insert(out, '')
-    end
+    not_waiting(id, out)
   end
 end
 for i = 1, #out, 3 do
