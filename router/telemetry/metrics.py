@@ -142,7 +142,7 @@ class Metrics:
                      lambda s: each(s.backends, METRIC_KINDS)),
             Labelled(self.disconnects, ("backend", ""), lambda s: each(s.backends, _PHASES)),
             Labelled(self.tokens, ("backend", ""), lambda s: each(s.backends, ("in", "out"))),
-            Labelled(self.cost, ("backend", ""), lambda s: each(s.priced, (s.currency,))),
+            Labelled(self.cost, ("backend", "currency"), lambda s: each(s.priced, (s.currency,))),
             Labelled(self.auth_failures, ("",), lambda s: ((c,) for c in AUTH_FAILURES)),
             Labelled(self.replica_requests, ("backend", "endpoint", ""), lambda s: (
                 (*replica, status) for replica in per_replica(s) for status in STATUS_CLASSES)),

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from policies.config import Config
     from policies.slots import SlotPool
 
-# What each label of a family holds: a config name of one kind ("endpoint": a replica of
+# What each label of a family holds: a config value of one kind ("endpoint": a replica of
 # the backend named by the label before it, "group": a backend of more than one replica),
 # or "" (a closed set, or "none"/"unknown"/"other": never removed).
-Dim = Literal["backend", "group", "endpoint", "route", "tenant", ""]
+Dim = Literal["backend", "group", "endpoint", "route", "tenant", "currency", ""]
 STATUS_CLASSES = ("2xx", "4xx", "5xx")  # what the gateway answers (no 1xx, no 3xx)
 
 
@@ -79,6 +79,7 @@ def rescope(families: Iterable[Labelled], old: Scope, new: Scope) -> None:
         "group": set(old.groups) - set(new.groups),
         "route": set(old.routes) - set(new.routes),
         "tenant": set(old.tenants) - set(new.tenants),
+        "currency": {old.currency} - {new.currency},
     }
     replicas = {(b, r) for b, names in old.replicas.items() for r in names} - {
         (b, r) for b, names in new.replicas.items() for r in names}
