@@ -154,9 +154,9 @@ class Metrics:
             Labelled(self.slo_missed, ("backend", ""), lambda s: each(s.backends, _CLASSES)),
             Labelled(self.forecast_error, ("backend", ""),
                      lambda s: each(s.backends, _CLASSES)),
-            Labelled(self.tenant_tokens, ("backend", "tenant"),
+            Labelled(self.tenant_tokens, ("backend", ""),
                      lambda s: each(s.backends, s.tenants)),
-            Labelled(self.tenant_wait, ("backend", "tenant"),
+            Labelled(self.tenant_wait, ("backend", ""),
                      lambda s: each(s.backends, s.tenants)),
         ]
 
@@ -185,8 +185,8 @@ class Metrics:
 
     def configure(self, config: Config) -> None:
         """Every series whose labels the config names, at 0 before its first event; those
-        of backends, replicas, routes and tenants it no longer names, removed. Called once
-        the config's pools are watched, at startup and after every reload.
+        of backends, replicas and routes it no longer names, removed (a tenant's are kept).
+        Called once the config's pools are watched, at startup and after every reload.
 
         The tenant label's values: the configured keys' tenants (auth on; with it off a
         request's tenant is a hash of its key: OTHER_TENANT), and OTHER_TENANT; none

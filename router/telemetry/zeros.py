@@ -3,8 +3,9 @@
 A counter or histogram whose labels are config names (backends, replicas, routes, tenants)
 or small closed sets (reject reasons, priority classes, client APIs, status classes) has
 each of its series at 0 from startup, so a panel or a ratio reads 0 on a quiet gateway,
-not "no data". A reload that adds a name adds its series at 0; one that removes a name
-removes every series carrying it. Labels of open sets appear on first use (see
+not "no data". A reload that adds a name adds its series at 0; one that removes a
+backend, replica or route removes every series carrying it (a removed tenant's series keep
+their counts until a restart). Labels of open sets appear on first use (see
 Metrics.configure and docs/operations.md).
 """
 
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 # What each label of a family holds: a config value of one kind ("endpoint": a replica of
 # the backend named by the label before it, "group": a backend of more than one replica),
-# or "" (a closed set, or "none"/"unknown"/"other": never removed).
-Dim = Literal["backend", "group", "endpoint", "route", "tenant", "currency", ""]
+# or "" (a closed set, a tenant, or "none"/"unknown"/"other": never removed).
+Dim = Literal["backend", "group", "endpoint", "route", "currency", ""]
 STATUS_CLASSES = ("2xx", "4xx", "5xx")  # what the gateway answers (no 1xx, no 3xx)
 
 
@@ -78,7 +79,6 @@ def rescope(families: Iterable[Labelled], old: Scope, new: Scope) -> None:
         "backend": set(old.backends) - set(new.backends),
         "group": set(old.groups) - set(new.groups),
         "route": set(old.routes) - set(new.routes),
-        "tenant": set(old.tenants) - set(new.tenants),
         "currency": {old.currency} - {new.currency},
     }
     replicas = {(b, r) for b, names in old.replicas.items() for r in names} - {
