@@ -132,6 +132,24 @@ async def test_a_reload_adds_and_removes_a_backends_series(start: StartGateway) 
     assert missing_zeros(samples, shrunk) == []
 
 
+async def test_a_reload_that_removes_a_replica_removes_its_counters(
+    start: StartGateway,
+) -> None:
+    """A group made a group of one: the removed replica's counters go, and the group's
+    pick series with it (a group of one has none)."""
+    raw = raw_config()
+    gw = await start(raw)
+    del raw["backends"]["big"]["endpoints"][1]
+    one = config_from_dict(raw)
+    await apply(gw.gateway, one)
+    samples = await scrape(gw)
+    counted = ("_total", "_count", "_sum", "_bucket")  # not the gauges read from the pool
+    assert [k for k in carrying(samples, "endpoint", "big-1") if k[0].endswith(counted)] == []
+    assert not [k for k in samples if k[0] in ("slotgate_replica_picks_total",
+                                               "slotgate_prefix_lookups_total")]
+    assert missing_zeros(samples, one) == []
+
+
 def test_cost_starts_at_zero_per_priced_backend_in_the_configs_currency() -> None:
     """Counted only with the ledger on, for backends with a price: a currency changed by a
     reload takes the old one's series away."""
