@@ -68,6 +68,7 @@ _METRIC_KINDS = {
     FailureKind.UPSTREAM_429: "status",
     FailureKind.UPSTREAM_4XX: "status",
 }
+METRIC_KINDS = tuple(dict.fromkeys(_METRIC_KINDS.values()))  # its values, in order
 
 
 def code(kind: FailureKind) -> str:

@@ -103,7 +103,6 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             gw.coordinator = await start_coordinator(gw.config.coordination)
         gw.keyring = Keyring(gw.config.auth)
         gw.quotas = Quotas(gw.config.auth.keys)
-        gw.metrics.tenants(gw.config.auth)  # before the backends: their zeros per tenant
         if gw.coordinator is not None:
             gw.shared_quotas = shared_quotas(gw.coordinator, gw.config)
             gw.quotas = gw.shared_quotas.fallback or gw.quotas
@@ -112,6 +111,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         gw.replica_health.probe = lambda name, replica: replica_check(gw, name, replica)
         for name, backend in gw.config.backends.items():
             await add_backend(gw, name, backend)
+        gw.metrics.configure(gw.config)  # the series it names, at 0
         if gw.coordinator is not None:
             gw.coordinator.start()  # subscribes to the wake-ups of the pools just made
             gw.metrics.watch_coordinator(gw.coordinator.healthy.is_set)

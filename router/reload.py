@@ -5,9 +5,10 @@ experiments and TTFT objectives; requests already running keep the config they s
 with, and leases already held stay valid (a pool made smaller admits no one until enough
 are released).
 Backends can be added and changed (URL, model, limits, timeouts, price); a removed
-backend stays idle until the next restart. What a running process cannot change (where
-it listens, the pools' coordination, the ledger, a simulated engine) refuses the whole
-reload, as does an invalid file: the old config is kept and the errors are returned.
+backend stays idle until the next restart, its series gone from /metrics. What a running
+process cannot change (where it listens, the pools' coordination, the ledger, a simulated
+engine) refuses the whole reload, as does an invalid file: the old config is kept and the
+errors are returned.
 """
 
 from __future__ import annotations
@@ -72,7 +73,6 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
     gw.quotas.configure(new.auth.keys)  # reservations, buckets and spends are kept
     if gw.shared_quotas is not None:
         gw.shared_quotas.configure(new.auth.keys)
-    gw.metrics.tenants(new.auth)  # the tenant label's values
     changes = []
     for name, backend in new.backends.items():
         if name not in gw.backends:
@@ -96,6 +96,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         changes.append("auth changed")
     if new.slo != old.slo:
         changes.append("slo changed")
+    gw.metrics.configure(new)  # new names' series at 0, removed ones' gone
     wire_routes(gw)
     log.info("config reloaded: %s", "; ".join(changes) or "no change")
     return changes

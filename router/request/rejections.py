@@ -1,11 +1,11 @@
 """The answers for requests the gateway refuses: each reason's status, message and code,
-always with a `Retry-After`, and counted in `slotgate_rejections_total`."""
+always with a `Retry-After`, and counted in `llm_rejection_total`."""
 
 from __future__ import annotations
 
 from policies.admission import RejectReason
 from router.openai_api import ApiError
-from router.telemetry.metrics import Metrics
+from router.telemetry.metrics import NO_BACKEND, Metrics
 
 _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {
     RejectReason.QUEUE_FULL: (
@@ -36,7 +36,7 @@ _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {
 def rejection(metrics: Metrics, reason: RejectReason, retry_s: int, backend: str | None,
               message: str | None = None) -> ApiError:
     """The error for a refused request (`message` replaces the reason's default)."""
-    metrics.rejections.labels(backend or "none", reason.value).inc()
+    metrics.rejections.add((backend or NO_BACKEND, reason.value))
     status, kind, default = _ANSWERS[reason]
     err = ApiError(status, message or default, kind, reason.value)
     err.headers.update({"Retry-After": str(retry_s), "x-slotgate-reject-reason": reason.value})

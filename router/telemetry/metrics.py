@@ -2,24 +2,30 @@
 
 Label values come from the config (backend, route and tenant names) or from closed sets
 (reasons, phases, status classes, client APIs), never from a request, so cardinality is
-bounded.
+bounded. Those known from the config start at 0 (`configure`, router/telemetry/zeros.py);
+the rest appear on first use: the fallbacks' intents (the classifier's labels) and the
+routes' requests on a backend outside the route's primary and fallbacks (an A/B arm's).
 """
 
 from __future__ import annotations
 
 import math
+from itertools import product
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.config import AuthConfig, Priority
-from policies.failures import FailureKind, metric_kind
+from policies.admission import RejectReason
+from policies.config import Config, Priority
+from policies.failures import METRIC_KINDS, FailureKind, metric_kind
 from policies.pick import PickReason
 from policies.slo import Verdict
+from router.record import Phase
 from router.request.auth import AUTH_FAILURES
-from router.telemetry.tallies import Spread, Tally
+from router.telemetry.tallies import Labels, Spread, Tally
+from router.telemetry.zeros import STATUS_CLASSES, Labelled, Scope, rescope
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -35,6 +41,11 @@ CLASSIFIER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
 FORECAST_BUCKETS = (-3.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
 _FORECAST_FLOOR_MS = 1.0  # both sides, so that a forecast of 0 has a finite ratio
 OTHER_TENANT = "other"  # the tenant label of a request of no configured tenant
+NO_BACKEND = "none"  # the backend label of a request refused before it had one
+_CLASSES = tuple(p.value for p in Priority)
+_REASONS = tuple(r.value for r in RejectReason)
+_PICKS = tuple(r.value for r in PickReason)
+_PHASES = tuple(p.value for p in Phase if p is not Phase.DONE)  # where a client may leave
 
 class Metrics:
     def __init__(self) -> None:
@@ -49,21 +60,21 @@ class Metrics:
         # What every request updates is tallied in plain Python (router/telemetry/tallies.py).
         self.holding = Spread("llm_slot_holding_time_seconds", "Time a slot was held",
                               ["backend"], BUCKETS)
-        self.rejections = Counter("llm_rejection", "Requests refused by the gateway",
-                                  ["backend", "reason"], registry=r)
+        self.rejections = Tally("llm_rejection", "Requests refused by the gateway",
+                                ["backend", "reason"])
         # The rest, in Prometheus naming.
         self.requests = Tally("slotgate_requests", "Requests answered",
                               ["route", "backend", "status_class", "api"])
-        self.fallbacks = Counter("slotgate_fallbacks", "Requests sent to a fallback",
-                                 ["from", "to", "intent"], registry=r)
+        self.fallbacks = Tally("slotgate_fallbacks", "Requests sent to a fallback",
+                               ["from", "to", "intent"])
         self.classifier = Histogram("slotgate_classifier_seconds", "One intent prediction",
                                     buckets=CLASSIFIER_BUCKETS, registry=r)
         self.ttft = Spread("slotgate_ttft_seconds", "Time to the first byte of the answer",
                            ["backend", "api"], BUCKETS)
-        self.upstream_errors = Counter("slotgate_upstream_errors", "Backend failures",
-                                       ["backend", "kind"], registry=r)
-        self.disconnects = Counter("slotgate_client_disconnects", "Clients that left early",
-                                   ["backend", "phase"], registry=r)
+        self.upstream_errors = Tally("slotgate_upstream_errors", "Backend failures",
+                                     ["backend", "kind"])
+        self.disconnects = Tally("slotgate_client_disconnects", "Clients that left early",
+                                 ["backend", "phase"])
         self.tokens = Tally("slotgate_tokens", "Tokens in and out", ["backend", "direction"])
         self.cost = Tally("slotgate_cost", "What answered requests cost, in the config's "
                           "currency", ["backend", "currency"])
@@ -103,11 +114,51 @@ class Metrics:
         self._tenants: frozenset[str] = frozenset()  # the label's values, OTHER_TENANT aside
         self._by_tenant = False  # any key configured
         self._groups: set[str] = set()  # the pools of more than one replica
-        for tally in (self.holding, self.requests, self.ttft, self.tokens, self.cost,
-                      self.auth_failures, self.replica_requests, self.replica_ttft,
-                      self.picks, self.prefix_lookups, self.slo_attained, self.slo_missed,
-                      self.forecast_error, self.tenant_tokens, self.tenant_wait):
-            r.register(tally)
+        self._scope = Scope()  # the label values of the last configure
+        self._labelled = self._zeros()
+        for labelled in self._labelled:
+            r.register(labelled.family)
+        r.register(self.fallbacks)  # its intents are the classifier's: on first use
+
+    def _zeros(self) -> list[Labelled]:
+        """Each family's labels, and its series at 0 in a scope: a backend's with each
+        value of a closed set; a group's with each of its replicas."""
+        def each(backends: tuple[str, ...], values: tuple[str, ...]) -> product[Labels]:
+            return product(backends, values)
+
+        def per_replica(s: Scope) -> list[Labels]:
+            return [(b, e) for b, names in s.replicas.items() for e in names]
+
+        return [
+            Labelled(self.holding, ("backend",), lambda s: ((b,) for b in s.backends)),
+            Labelled(self.rejections, ("backend", ""), lambda s: each(
+                (*s.backends, NO_BACKEND), _REASONS)),
+            Labelled(self.requests, ("route", "backend", "", ""), lambda s: (
+                (route, b, status, api) for route, targets in s.routes.items()
+                for b in targets for status in STATUS_CLASSES for api in s.apis[b])),
+            Labelled(self.ttft, ("backend", ""), lambda s: (
+                (b, api) for b in s.backends for api in s.apis[b])),
+            Labelled(self.upstream_errors, ("backend", ""),
+                     lambda s: each(s.backends, METRIC_KINDS)),
+            Labelled(self.disconnects, ("backend", ""), lambda s: each(s.backends, _PHASES)),
+            Labelled(self.tokens, ("backend", ""), lambda s: each(s.backends, ("in", "out"))),
+            Labelled(self.cost, ("backend", "currency"), lambda s: each(s.priced, (s.currency,))),
+            Labelled(self.auth_failures, ("",), lambda s: ((c,) for c in AUTH_FAILURES)),
+            Labelled(self.replica_requests, ("backend", "endpoint", ""), lambda s: (
+                (*replica, status) for replica in per_replica(s) for status in STATUS_CLASSES)),
+            Labelled(self.replica_ttft, ("backend", "endpoint"), per_replica),
+            Labelled(self.picks, ("group", ""), lambda s: each(s.groups, _PICKS)),
+            Labelled(self.prefix_lookups, ("group", ""),
+                     lambda s: each(s.groups, ("hit", "miss"))),
+            Labelled(self.slo_attained, ("backend", ""), lambda s: each(s.backends, _CLASSES)),
+            Labelled(self.slo_missed, ("backend", ""), lambda s: each(s.backends, _CLASSES)),
+            Labelled(self.forecast_error, ("backend", ""),
+                     lambda s: each(s.backends, _CLASSES)),
+            Labelled(self.tenant_tokens, ("backend", ""),
+                     lambda s: each(s.backends, s.tenants)),
+            Labelled(self.tenant_wait, ("backend", ""),
+                     lambda s: each(s.backends, s.tenants)),
+        ]
 
     def held(self, pool: str, seconds: float) -> None:
         self.holding.observe(self.holding.series((pool,)), seconds)
@@ -124,56 +175,53 @@ class Metrics:
               registry=self.registry).set_function(lambda: ledger.pending)
         self.registry.register(_LedgerCollector(ledger))
 
-    def tenants(self, auth: AuthConfig) -> None:
-        """The tenant label's values: the configured keys' tenants (auth on; with it off a
-        request's tenant is a hash of its key: OTHER_TENANT), and OTHER_TENANT. Called at
-        startup and on every reload; series of tenants no longer configured keep their
-        counts."""
-        self._by_tenant = bool(auth.keys)
-        self._tenants = frozenset(k.tenant for k in auth.keys) if auth.enabled else frozenset()
-        for pool in self._pools:
-            self._tenant_zeros(pool)
-
-    def _tenant_zeros(self, pool: str) -> None:
-        if self._by_tenant:
-            for tenant in (*self._tenants, OTHER_TENANT):
-                self.tenant_tokens.add((pool, tenant), 0.0)
-
     def watch(self, pool: SlotPool) -> None:
-        """Export the pool's series, zeros before its first request (again after a reload
-        changed it: a backend may have become a group)."""
+        """Export the pool's gauges (again after a reload changed it: a backend may have
+        become a group); its counters start at the next `configure`."""
         self._pools[pool.name] = pool
-        self.queue_wait.labels(pool.name)
-        self.holding.series((pool.name,))
         self._groups.discard(pool.name)
-        self._tenant_zeros(pool.name)
-        for priority in Priority:
-            self.slo_attained.add((pool.name, priority.value), 0.0)
-            self.slo_missed.add((pool.name, priority.value), 0.0)
         if len(pool.seats()) > 1:
             self._groups.add(pool.name)
-            for reason in PickReason:
-                self.picks.add((pool.name, reason.value), 0.0)
-            for result in ("hit", "miss"):
-                self.prefix_lookups.add((pool.name, result), 0.0)
+
+    def configure(self, config: Config) -> None:
+        """Every series whose labels the config names, at 0 before its first event; those
+        of backends, replicas and routes it no longer names, removed (a tenant's are kept).
+        Called once the config's pools are watched, at startup and after every reload.
+
+        The tenant label's values: the configured keys' tenants (auth on; with it off a
+        request's tenant is a hash of its key: OTHER_TENANT), and OTHER_TENANT; none
+        without keys (no request has a tenant)."""
+        self._by_tenant = bool(config.auth.keys)
+        auth = config.auth
+        self._tenants = frozenset(k.tenant for k in auth.keys) if auth.enabled else frozenset()
+        for name in self._pools.keys() - config.backends.keys():  # removed: idle until restart
+            del self._pools[name]
+            self._groups.discard(name)
+            self.queue_wait.remove(name)
+        for name in self._pools:
+            self.queue_wait.labels(name)
+        tenants = (*sorted(self._tenants), OTHER_TENANT) if self._by_tenant else ()
+        scope = Scope.of(config, self._pools, tenants)
+        rescope(self._labelled, self._scope, scope)
+        self._scope = scope
 
     def record(self, rec: RequestRecord, primary: str | None,
                failed: FailureKind | None = None) -> None:
         """Everything a finished request tells, from its record (`failed`: how its upstream
         exchange failed, if it did)."""
-        backend = rec.backend or "none"
+        backend = rec.backend or NO_BACKEND
         if rec.status:
             self.requests.add((rec.route or "unknown", backend, f"{rec.status // 100}xx",
                                rec.api))
         if rec.error in AUTH_FAILURES:
             self.auth_failures.add((rec.error,))
         elif failed is not None and rec.backend and (kind := metric_kind(failed)) is not None:
-            self.upstream_errors.labels(rec.backend, kind).inc()
+            self.upstream_errors.add((rec.backend, kind))
         if rec.disconnect is not None and rec.backend:
-            self.disconnects.labels(rec.backend, rec.disconnect.value).inc()
+            self.disconnects.add((rec.backend, rec.disconnect.value))
         if rec.reason and rec.reason.startswith("fallback:") and primary and rec.backend:
             intent = "overflow" if rec.reason == "fallback:overflow" else rec.intent or "unknown"
-            self.fallbacks.labels(primary, rec.backend, intent).inc()
+            self.fallbacks.add((primary, rec.backend, intent))
         if rec.backend is None:
             return
         if self._by_tenant:  # without keys, no request has a tenant: nothing to count
@@ -210,7 +258,7 @@ class Metrics:
         """Count a request's verdict on its TTFT objective (and, with a first token, how far
         off its forecast was); returns whether it was attained. Its backend is the one that
         served it, else its route's primary (refused at admission)."""
-        labels = (rec.backend or rec.primary or "none", rec.priority)
+        labels = (rec.backend or rec.primary or NO_BACKEND, rec.priority)
         attained = verdict is Verdict.ATTAINED
         (self.slo_attained if attained else self.slo_missed).add(labels)
         if rec.ttft_ms is not None and rec.predicted_ttft_ms is not None:

@@ -11,7 +11,7 @@ so nothing needs a lock. The exposition is the same text: `_total` for counters 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -29,6 +29,13 @@ class Tally(Collector):
 
     def add(self, labels: Labels, amount: float = 1.0) -> None:
         self.values[labels] = self.values.get(labels, 0.0) + amount
+
+    def zero(self, labels: Labels) -> None:
+        """The series at 0 unless it exists (router/telemetry/zeros.py)."""
+        self.values.setdefault(labels, 0.0)
+
+    def drop(self, stale: Callable[[Labels], bool]) -> None:
+        self.values = {k: v for k, v in self.values.items() if not stale(k)}
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
@@ -52,6 +59,13 @@ class Spread(Collector):
         if found is None:
             found = self._series[labels] = [0.0] * (len(self.bounds) + 2)
         return found
+
+    def zero(self, labels: Labels) -> None:
+        """The series at 0 unless it exists (router/telemetry/zeros.py)."""
+        self.series(labels)
+
+    def drop(self, stale: Callable[[Labels], bool]) -> None:
+        self._series = {k: v for k, v in self._series.items() if not stale(k)}
 
     def observe(self, series: list[float], value: float) -> None:
         series[bisect_left(self.bounds, value)] += 1  # the first bucket with le >= value
