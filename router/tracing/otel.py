@@ -101,13 +101,16 @@ def _headers(env: str | None) -> dict[str, str] | None:
 class RequestTrace:
     """One request's server span and the hooks that add its children."""
 
-    __slots__ = ("_attempt", "_context", "_queue", "_tracer", "attempts", "served", "span",
-                 "start_ns", "started_at")
+    __slots__ = ("_attempt", "_context", "_queue", "_tracer", "attempts", "recording",
+                 "served", "span", "start_ns", "started_at")
 
     def __init__(self, tracer: Tracer, span: Span, start_ns: int, started_at: float) -> None:
         self._tracer = tracer.tracer
         self.span = span
         self._context: Context = set_span_in_context(span)
+        # Not sampled: no child span either (the engine is sent the server span's context,
+        # its flag unsampled): the cost of a trace nobody keeps stays small.
+        self.recording = span.is_recording()
         self.start_ns, self.started_at = start_ns, started_at  # the same instant, two clocks
         self.attempts = 0
         self._attempt: Span | None = None  # the upstream attempt under way
@@ -125,6 +128,8 @@ class RequestTrace:
 
     def queued(self, pool: str, position: int, at: float) -> None:
         """The wait in `pool`'s line begins, at `position` (1: next to be served)."""
+        if not self.recording:
+            return
         span = self._queue = self.child("slotgate.queue", at=at)
         if span.is_recording():
             span.set_attributes({"slotgate.backend": pool, "slotgate.queue.position": position})
@@ -142,6 +147,8 @@ class RequestTrace:
 
     def classified(self, began: float, intent: str, p_simple: float) -> None:
         """The classifier's verdict (never the text it read)."""
+        if not self.recording:
+            return
         span = self.child("slotgate.classify", at=began)
         if span.is_recording():
             span.set_attributes({"slotgate.intent": intent,
@@ -152,6 +159,10 @@ class RequestTrace:
                 model: str) -> dict[str, str]:
         """An upstream attempt begins: its CLIENT span, whose context the engine is sent
         (the `traceparent` / `tracestate` headers returned)."""
+        carrier: dict[str, str] = {}
+        if not self.recording:
+            _PROPAGATOR.inject(carrier, self._context)
+            return carrier
         span = self.child("slotgate.upstream", SpanKind.CLIENT)
         if span.is_recording():
             span.set_attributes({"slotgate.backend": backend, "slotgate.replica": replica,
@@ -160,7 +171,6 @@ class RequestTrace:
                                  "server.port": port, "gen_ai.request.model": model})
         self.attempts += 1
         self.served, self._attempt = model, span
-        carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, set_span_in_context(span))
         return carrier
 
@@ -190,8 +200,7 @@ class RequestTrace:
             span.update_name(f"{operation} {model}")
             attrs: dict[str, str | int | float] = {
                 "gen_ai.operation.name": operation, "http.response.status_code": rec.status,
-                "slotgate.priority": rec.priority, "slotgate.queue.wait_ms":
-                round(rec.queue_wait_ms, 3)}
+                "slotgate.priority": rec.priority}
             for key, value in (("gen_ai.request.model", rec.route),
                                ("slotgate.route", rec.route),
                                ("gen_ai.response.model", self.served),
