@@ -211,7 +211,7 @@ class RequestTrace:
                                ("slotgate.backend", rec.backend),
                                ("slotgate.replica", rec.replica),
                                ("slotgate.reason", rec.reason),
-                               ("slotgate.ttft_ms", rec.ttft_ms)):
+                               ("slotgate.ttft_ms", rec.ttft_ms and round(rec.ttft_ms, 3))):
                 if value is not None:
                     attrs[key] = value
             if rec.error is not None:
