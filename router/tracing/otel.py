@@ -4,225 +4,217 @@ One SERVER span per request (`{gen_ai.operation.name} {gen_ai.request.model}`, t
 GenAI semantic conventions), child of an incoming W3C `traceparent`; its children: the
 wait in line (`slotgate.queue`), the classifier (`slotgate.classify`) and one CLIENT span
 per upstream attempt (`slotgate.upstream`), whose context the engine receives as its
-`traceparent`. Spans are made with explicit parents (no context variables) and exported
-by a BatchSpanProcessor's own thread, off the request path. Never any prompt or
-completion text: only the request record's facts.
+`traceparent`. Never any prompt or completion text: only the request record's facts.
+
+The SDK's sampler decides once per request; the spans are then written as finished
+`ReadableSpan`s, straight to the SDK's BatchSpanProcessor (whose thread encodes and exports
+them, off the request path): a live SDK `Span` per step (locks, attribute checks, context
+objects) would cost the request path more than the facts it records.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from urllib.parse import unquote
+import time
+from collections.abc import Mapping
 
 from aiohttp import web
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    get_current_span,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from policies.admission import RejectReason
-from policies.config import OtlpProtocol, TracingConfig
+from policies.config import TracingConfig
 from router.record import RequestRecord
+from router.tracing.export import exporter
 
-log = logging.getLogger("slotgate")
 _PROPAGATOR = TraceContextTextMapPropagator()
 # gen_ai.operation.name of each client API (policies.apis.Api); Messages and Responses are
 # chats.
 _OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings",
                "responses": "chat", "messages": "chat"}
 _REJECTIONS = frozenset(reason.value for reason in RejectReason)
-_MAX_HEADERS = 64
+_ERROR = Status(StatusCode.ERROR)
+Attrs = Mapping[str, str | int | float]
 
 
 class Tracer:
-    """The provider (sampler, batch exporter) and the tracer every request's spans use."""
+    """The sampler, the ids, the batch exporter: what every request's spans share."""
 
     def __init__(self, config: TracingConfig) -> None:
-        self.provider = TracerProvider(
-            resource=Resource.create({"service.name": config.service_name}),
-            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
-        self.processor: SpanProcessor = BatchSpanProcessor(exporter(config))
-        self.provider.add_span_processor(self.processor)
-        self.tracer = self.provider.get_tracer("slotgate")
+        self.resource = Resource.create({"service.name": config.service_name})
+        self.scope = InstrumentationScope("slotgate")
+        self.sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
+        self.ids = RandomIdGenerator()
+        self.processor = BatchSpanProcessor(exporter(config))
 
     def begin(self, request: web.Request, rec: RequestRecord) -> RequestTrace:
-        """The request's server span, child of the caller's `traceparent` if it sent one."""
-        parent = (_PROPAGATOR.extract(request.headers) if "traceparent" in request.headers
-                  else None)
-        start_ns = int(rec.ts * 1e9)
-        span = self.tracer.start_span(rec.endpoint, parent, SpanKind.SERVER,
-                                      start_time=start_ns)
-        if span.is_recording():
-            span.set_attribute("slotgate.request_id", rec.request_id)
-        return RequestTrace(self, span, start_ns, rec.started_at)
+        """The request's trace, child of the caller's `traceparent` if it sent one."""
+        parent = None
+        given = None
+        if "traceparent" in request.headers:
+            given = _PROPAGATOR.extract(request.headers)
+            found = get_current_span(given).get_span_context()
+            parent = found if found.is_valid else None
+        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
+        verdict = self.sampler.should_sample(given, trace_id, rec.endpoint, SpanKind.SERVER)
+        sampled = verdict.decision is Decision.RECORD_AND_SAMPLE
+        flags = TraceFlags(TraceFlags.SAMPLED if sampled else 0)
+        server = SpanContext(trace_id, self.ids.generate_span_id(), False, flags,
+                             verdict.trace_state or TraceState())
+        return RequestTrace(self, server, parent, int(rec.ts * 1e9), rec.started_at)
 
     def close(self) -> None:
         """Flush what is pending and stop the exporter (blocking: run it off the loop)."""
-        self.provider.shutdown()
-
-
-def exporter(config: TracingConfig) -> SpanExporter:
-    """The OTLP exporter `config` names, its headers from `headers_env` (never logged)."""
-    headers = _headers(config.headers_env)
-    if config.protocol is OtlpProtocol.GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
-        )
-        return GrpcExporter(endpoint=config.otlp_endpoint, headers=headers,
-                            insecure=(config.otlp_endpoint or "").startswith("http://") or None)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    endpoint = config.otlp_endpoint
-    if endpoint is not None and endpoint.rstrip("/").count("/") == 2:  # no path: the
-        endpoint = endpoint.rstrip("/") + "/v1/traces"  # collector's usual one
-    return OTLPSpanExporter(endpoint=endpoint, headers=headers)
-
-
-def _headers(env: str | None) -> dict[str, str] | None:
-    """`key=value,key2=value2` (values URL-encoded, as OTEL_EXPORTER_OTLP_HEADERS)."""
-    if env is None:
-        return None
-    raw = os.environ.get(env)
-    if raw is None:
-        log.warning("tracing.headers_env names %s, which is not set: no exporter headers",
-                    env)
-        return None
-    out: dict[str, str] = {}
-    for item in raw.split(",")[:_MAX_HEADERS]:
-        key, sep, value = item.partition("=")
-        if sep and key.strip():
-            out[key.strip().lower()] = unquote(value.strip())
-    return out
+        self.processor.shutdown()  # type: ignore[no-untyped-call]  # (the SDK's)
 
 
 class RequestTrace:
-    """One request's server span and the hooks that add its children."""
+    """One request's spans: its server span's context, and the hooks that add children."""
 
-    __slots__ = ("_attempt", "_context", "_queue", "_tracer", "attempts", "recording",
-                 "served", "span", "start_ns", "started_at")
+    __slots__ = ("_attempt", "_queue", "attempts", "parent", "recording", "served", "server",
+                 "start_ns", "started_at", "tracer")
 
-    def __init__(self, tracer: Tracer, span: Span, start_ns: int, started_at: float) -> None:
-        self._tracer = tracer.tracer
-        self.span = span
-        self._context: Context = set_span_in_context(span)
+    def __init__(self, tracer: Tracer, server: SpanContext, parent: SpanContext | None,
+                 start_ns: int, started_at: float) -> None:
+        self.tracer, self.server, self.parent = tracer, server, parent
         # Not sampled: no child span either (the engine is sent the server span's context,
-        # its flag unsampled): the cost of a trace nobody keeps stays small.
-        self.recording = span.is_recording()
+        # flagged unsampled): the cost of a trace nobody keeps stays small.
+        self.recording = server.trace_flags.sampled
         self.start_ns, self.started_at = start_ns, started_at  # the same instant, two clocks
         self.attempts = 0
-        self._attempt: Span | None = None  # the upstream attempt under way
-        self._queue: Span | None = None  # the wait in line under way
         self.served: str | None = None  # the model of the last engine tried
+        self._attempt: tuple[int, int, dict[str, str | int | float]] | None = None
+        self._queue: tuple[int, int, dict[str, str | int | float]] | None = None
 
     def ns(self, perf: float) -> int:
         """A time.perf_counter() reading as the epoch nanoseconds spans are stamped with."""
         return self.start_ns + int((perf - self.started_at) * 1e9)
 
-    def child(self, name: str, kind: SpanKind = SpanKind.INTERNAL,
-              at: float | None = None) -> Span:
-        return self._tracer.start_span(name, self._context, kind,
-                                       start_time=None if at is None else self.ns(at))
+    def emit(self, name: str, span_id: int, kind: SpanKind, attrs: Attrs, start_ns: int,
+             end_ns: int, status: Status | None = None, events: tuple[Event, ...] = ()
+             ) -> None:
+        """A finished span of this trace, handed to the batch exporter: a child of the
+        server span, or the server span itself (its parent the caller's, if any)."""
+        server = self.server
+        if span_id == server.span_id:
+            context, parent = server, self.parent
+        else:
+            context = SpanContext(server.trace_id, span_id, False, server.trace_flags,
+                                  server.trace_state)
+            parent = server
+        tracer = self.tracer
+        tracer.processor.on_end(ReadableSpan(
+            name, context, parent, tracer.resource, attrs, events, kind=kind,
+            status=status or Status(), start_time=start_ns, end_time=end_ns,
+            instrumentation_scope=tracer.scope))
 
     def queued(self, pool: str, position: int, at: float) -> None:
         """The wait in `pool`'s line begins, at `position` (1: next to be served)."""
-        if not self.recording:
-            return
-        span = self._queue = self.child("slotgate.queue", at=at)
-        if span.is_recording():
-            span.set_attributes({"slotgate.backend": pool, "slotgate.queue.position": position})
+        if self.recording:
+            self._queue = (self.tracer.ids.generate_span_id(), self.ns(at),
+                           {"slotgate.backend": pool, "slotgate.queue.position": position})
 
     def dequeued(self, outcome: str, wait_ms: float) -> None:
         """The wait is over: granted, moved (to a fallback), timed_out, shed, or left (its
         client, a drain or its backend's breaker took it out of line)."""
-        span, self._queue = self._queue, None
-        if span is None:
+        if self._queue is None:
             return
-        if span.is_recording():
-            span.set_attributes({"slotgate.queue.outcome": outcome,
-                                 "slotgate.queue.wait_ms": round(wait_ms, 3)})
-        span.end()
+        span_id, start_ns, attrs = self._queue
+        self._queue = None
+        attrs["slotgate.queue.outcome"] = outcome
+        attrs["slotgate.queue.wait_ms"] = round(wait_ms, 3)
+        self.emit("slotgate.queue", span_id, SpanKind.INTERNAL, attrs, start_ns,
+                  time.time_ns())
 
     def classified(self, began: float, intent: str, p_simple: float) -> None:
         """The classifier's verdict (never the text it read)."""
-        if not self.recording:
-            return
-        span = self.child("slotgate.classify", at=began)
-        if span.is_recording():
-            span.set_attributes({"slotgate.intent": intent,
-                                 "slotgate.p_simple": round(p_simple, 4)})
-        span.end()
+        if self.recording:
+            self.emit("slotgate.classify", self.tracer.ids.generate_span_id(),
+                      SpanKind.INTERNAL,
+                      {"slotgate.intent": intent, "slotgate.p_simple": round(p_simple, 4)},
+                      self.ns(began), time.time_ns())
 
     def attempt(self, backend: str, replica: str, address: str, port: int,
                 model: str) -> dict[str, str]:
         """An upstream attempt begins: its CLIENT span, whose context the engine is sent
         (the `traceparent` / `tracestate` headers returned)."""
-        carrier: dict[str, str] = {}
-        if not self.recording:
-            _PROPAGATOR.inject(carrier, self._context)
-            return carrier
-        span = self.child("slotgate.upstream", SpanKind.CLIENT)
-        if span.is_recording():
-            span.set_attributes({"slotgate.backend": backend, "slotgate.replica": replica,
-                                 "server.address": address,
-                                 "slotgate.retry": self.attempts,
-                                 "server.port": port, "gen_ai.request.model": model})
+        server = self.server
+        span_id = server.span_id
+        if self.recording:
+            span_id = self.tracer.ids.generate_span_id()
+            self._attempt = (span_id, time.time_ns(), {
+                "slotgate.backend": backend, "slotgate.replica": replica,
+                "server.address": address, "server.port": port,
+                "slotgate.retry": self.attempts, "gen_ai.request.model": model})
         self.attempts += 1
-        self.served, self._attempt = model, span
-        _PROPAGATOR.inject(carrier, set_span_in_context(span))
-        return carrier
+        self.served = model
+        out = {"traceparent": f"00-{server.trace_id:032x}-{span_id:016x}-"
+                              f"{server.trace_flags:02x}"}
+        if server.trace_state:
+            out["tracestate"] = server.trace_state.to_header()
+        return out
 
     def attempted(self, status: int, error: str | None) -> None:
         """The attempt is over: the engine's status (0: none came), the failure if any."""
-        span, self._attempt = self._attempt, None
-        if span is None:
+        if self._attempt is None:
             return
-        if span.is_recording():
-            if status:
-                span.set_attribute("http.response.status_code", status)
-            if error is not None:
-                span.set_attribute("error.type", error)
-                span.set_status(Status(StatusCode.ERROR))
-        span.end()
+        span_id, start_ns, attrs = self._attempt
+        self._attempt = None
+        if status:
+            attrs["http.response.status_code"] = status
+        if error is not None:
+            attrs["error.type"] = error
+        self.emit("slotgate.upstream", span_id, SpanKind.CLIENT, attrs, start_ns,
+                  time.time_ns(), _ERROR if error is not None else None)
 
     def end(self, rec: RequestRecord, max_tokens: int | None) -> None:
         """The request is over: its record's facts on the server span, which ends."""
+        if not self.recording:
+            return
         if self._queue is not None:  # its client left while its stream opened
             self.dequeued("left", rec.queue_wait_ms)
         if self._attempt is not None:
             self.attempted(0, "client_disconnected")
-        span = self.span
-        if span.is_recording():
-            operation = _OPERATIONS.get(rec.api, rec.api)
-            model = rec.route or "unknown"
-            span.update_name(f"{operation} {model}")
-            attrs: dict[str, str | int | float] = {
-                "gen_ai.operation.name": operation, "http.response.status_code": rec.status,
-                "slotgate.priority": rec.priority}
-            for key, value in (("gen_ai.request.model", rec.route),
-                               ("slotgate.route", rec.route),
-                               ("gen_ai.response.model", self.served),
-                               ("gen_ai.request.max_tokens", max_tokens),
-                               ("gen_ai.usage.input_tokens", rec.prompt_tokens),
-                               ("gen_ai.usage.output_tokens", rec.completion_tokens),
-                               ("slotgate.tenant", rec.tenant),
-                               ("slotgate.backend", rec.backend),
-                               ("slotgate.replica", rec.replica),
-                               ("slotgate.reason", rec.reason),
-                               ("slotgate.ttft_ms", rec.ttft_ms and round(rec.ttft_ms, 3))):
-                if value is not None:
-                    attrs[key] = value
-            if rec.error is not None:
-                attrs["error.type"] = rec.error
-                if rec.error in _REJECTIONS:
-                    attrs["slotgate.reject_reason"] = rec.error
-            if rec.disconnect is not None:
-                attrs["error.type"] = "client_disconnected"
-                span.add_event("slotgate.client_disconnected",
-                               {"slotgate.phase": rec.disconnect.value})
-            span.set_attributes(attrs)
-            if rec.status >= 500 or rec.status == 0:
-                span.set_status(Status(StatusCode.ERROR))
-        span.end(self.ns(rec.started_at + rec.total_ms / 1000))
+        operation = _OPERATIONS.get(rec.api, rec.api)
+        attrs: dict[str, str | int | float] = {
+            "gen_ai.operation.name": operation, "http.response.status_code": rec.status,
+            "slotgate.priority": rec.priority, "slotgate.request_id": rec.request_id}
+        for key, value in (("gen_ai.request.model", rec.route),
+                           ("slotgate.route", rec.route),
+                           ("gen_ai.response.model", self.served),
+                           ("gen_ai.request.max_tokens", max_tokens),
+                           ("gen_ai.usage.input_tokens", rec.prompt_tokens),
+                           ("gen_ai.usage.output_tokens", rec.completion_tokens),
+                           ("slotgate.tenant", rec.tenant),
+                           ("slotgate.backend", rec.backend),
+                           ("slotgate.replica", rec.replica),
+                           ("slotgate.reason", rec.reason),
+                           ("slotgate.ttft_ms", rec.ttft_ms and round(rec.ttft_ms, 3))):
+            if value is not None:
+                attrs[key] = value
+        if rec.error is not None:
+            attrs["error.type"] = rec.error
+            if rec.error in _REJECTIONS:
+                attrs["slotgate.reject_reason"] = rec.error
+        events: tuple[Event, ...] = ()
+        end_ns = self.ns(rec.started_at + rec.total_ms / 1000)
+        if rec.disconnect is not None:
+            attrs["error.type"] = "client_disconnected"
+            events = (Event("slotgate.client_disconnected",
+                            {"slotgate.phase": rec.disconnect.value}, end_ns),)
+        failed = rec.status >= 500 or rec.status == 0
+        self.emit(f"{operation} {rec.route or 'unknown'}", self.server.span_id, SpanKind.SERVER,
+                  attrs, self.start_ns, end_ns, _ERROR if failed else None, events)
