@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from policies.config import Config, OtlpProtocol, TracingConfig
 from router.app import RunningGateway
 from router.upstream.simulated.engine import FaultMode
 from tests.support import (
@@ -27,6 +29,9 @@ from tests.support.otlp import Receiver, Span, one, receiver
 PROMPT = "Translate into French: 'The meeting is moved to Thursday afternoon.'"
 HARD = "Write a Python function that parses an ISO 8601 duration into seconds, with tests."
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+MINIMAL: dict[str, Any] = {"backends": {"big": {"url": "http://127.0.0.1:9/v1", "model": "m",
+                                               "slots": 1}},
+                           "routes": {"chat": {"primary": "big"}}}
 
 
 @pytest.fixture
@@ -265,3 +270,38 @@ def test_tracing_off_never_imports_opentelemetry() -> None:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_the_section_is_off_by_default_and_checked() -> None:
+    assert Config.model_validate(MINIMAL).tracing.enabled is False
+    for bad in ({"sample_ratio": 1.5}, {"protocol": "zipkin"}, {"otlp_endpoint": "otel:4318"},
+                {"headers_env": "not a name"}):
+        with pytest.raises(ValidationError):
+            Config.model_validate({**MINIMAL, "tracing": {"enabled": True, **bad}})
+
+
+async def test_the_exporter_sends_the_headers_of_headers_env(
+    otlp: Receiver, start: StartGateway, sdk: SdkClients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTLP_HEADERS", "Authorization=Bearer%20s3cret,x-tenant=ops")
+    gw = await start(traced(gateway_config(sim_backend("m", slots=1)), otlp,
+                            headers_env="OTLP_HEADERS", service_name="edge"))
+    await ask(sdk, gw, "with-headers")
+    server = one(await otlp.trace_of("with-headers", 2), "chat chat")
+    assert server.service == "edge"
+    assert otlp.headers[-1]["authorization"] == "Bearer s3cret"
+    assert otlp.headers[-1]["x-tenant"] == "ops"
+    await assert_idle(gw)
+
+
+def test_grpc_has_the_sdks_grpc_exporter() -> None:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+
+    from router.tracing.export import exporter
+
+    made = exporter(TracingConfig(enabled=True, protocol=OtlpProtocol.GRPC,
+                                  otlp_endpoint="http://127.0.0.1:4317"))
+    assert isinstance(made, GrpcExporter)
+    made.shutdown()

@@ -51,6 +51,7 @@ class Receiver:
     url: str = ""
     spans: list[Span] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)  # raw, as exported
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each export
     _arrived: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def _traces(self, request: web.Request) -> web.Response:
@@ -58,6 +59,7 @@ class Receiver:
         decoded = ExportTraceServiceRequest.FromString(body)
         async with self._arrived:
             self.bodies.append(body)
+            self.headers.append({k.lower(): v for k, v in request.headers.items()})
             for resource in decoded.resource_spans:
                 service = str(_attrs(resource.resource.attributes).get("service.name"))
                 for scope in resource.scope_spans:
