@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import ValidationError
 
 from policies.config import Config, OtlpProtocol, TracingConfig
 from router.app import RunningGateway
+from router.upstream.forwarding import forward_headers
 from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     SdkClients,
@@ -305,3 +307,17 @@ def test_grpc_has_the_sdks_grpc_exporter() -> None:
                                   otlp_endpoint="http://127.0.0.1:4317"))
     assert isinstance(made, GrpcExporter)
     made.shutdown()
+
+
+def test_the_gateways_trace_context_replaces_the_clients_once() -> None:
+    client = CIMultiDictProxy(CIMultiDict({
+        "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "TraceState": "k=v",
+        "baggage": "user=1", "Host": "gw"}))
+    ours = {"traceparent": f"00-{CLIENT_TRACE}-{'1' * 16}-01", "tracestate": "k=v2"}
+    sent = forward_headers(client, "rid", None, "127.0.0.1", trace=ours)
+    named = [(k.lower(), v) for k, v in sent]
+    assert [v for k, v in named if k == "traceparent"] == [ours["traceparent"]]
+    assert [v for k, v in named if k == "tracestate"] == ["k=v2"]
+    assert ("baggage", "user=1") in named
+    plain = [(k.lower(), v) for k, v in forward_headers(client, "rid", None, "127.0.0.1")]
+    assert ("traceparent", client["traceparent"]) in plain and ("tracestate", "k=v") in plain
