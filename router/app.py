@@ -6,6 +6,7 @@ cleanup context and torn down in reverse; nothing lives at module level.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from router.ledger.open import open_ledger
 from router.openai_api import ApiError, Endpoint, not_found
 from router.request.auth import Keyring
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
+from router.tracing import start_tracer
 from router.upstream.pools import start_coordinator
 
 if TYPE_CHECKING:
@@ -99,6 +101,7 @@ def shared_quotas(coordinator: RedisCoordinator, config: Config) -> SharedQuotas
 async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     try:
+        gw.tracer = start_tracer(gw.config.tracing)  # None when off (the default)
         if gw.config.coordination.mode is CoordinationMode.REDIS:
             gw.coordinator = await start_coordinator(gw.config.coordination)
         gw.keyring = Keyring(gw.config.auth)
@@ -135,6 +138,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.shared_quotas.close()  # its settles finish with the coordinator's
         if gw.coordinator is not None:
             await gw.coordinator.close()
+        if gw.tracer is not None:  # the spans of the last requests, flushed off the loop
+            await asyncio.to_thread(gw.tracer.close)
 
 
 async def _no_route(request: web.Request) -> web.Response:

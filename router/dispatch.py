@@ -68,6 +68,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
                         tenant=None if gw.keyring.enabled else key_id(request))
     dialect = DIALECTS.get(endpoint, OPENAI)
     exchange = Exchange(request, gw, rec, config, dialect)
+    if gw.tracer is not None:
+        exchange.trace = gw.tracer.begin(request, rec)
     failed: FailureKind | None = None  # how the upstream exchange failed, if it did
     gw.enter(request.task)
     try:
@@ -159,6 +161,9 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         objective.settle(rec, gw.metrics)
         settle(gw, rec, gw.keyring.enabled, failed, exchange.quota)
+        if exchange.trace is not None:
+            exchange.trace.end(rec, None if exchange.parsed is None
+                               else exchange.parsed.max_tokens)
         logs = config.logging
         if logs.access and log.isEnabledFor(logging.INFO):
             if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
@@ -316,6 +321,11 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
     start = ex.dialect.start_frame(lease.pool, rec.reason, rec.queue_wait_ms,
                                    ex.wants_events(parsed), rec.replica)
     preamble = b""
+    tracing, context = ex.trace, None
+    if tracing is not None:  # the attempt's span: the engine gets it as its traceparent
+        where = upstream.target(parsed.endpoint.value.removeprefix("/v1"))
+        context = tracing.attempt(lease.pool, lease.replica, where.host, where.port,
+                                  upstream.config.model)
     if ex.response is not None:
         await ex.send(start)
     elif parsed.stream and ex.wants_events(parsed):
@@ -327,14 +337,23 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
         on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
-        translation=ex.dialect.translation(parsed, rec.request_id))
+        translation=ex.dialect.translation(parsed, rec.request_id), trace=context)
     # The forecast reads the relay's event count (a stream's); nothing more per event.
     lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
+    failed: str | None = None  # how the attempt failed, for its span
     try:
         response = await forward(attempt)
         rec.phase = Phase.DONE
         return response
+    except UpstreamFailure as failure:
+        failed = failure.kind.value
+        raise
+    except (ClientGone, ConnectionResetError, asyncio.CancelledError):
+        failed = "client_disconnected" if not ex.gw.cutting else "shutdown"
+        raise
     finally:
+        if tracing is not None:
+            tracing.attempted(attempt.status, failed)
         ex.response = attempt.response
         if attempt.streaming and rec.phase is not Phase.DONE:
             rec.phase = Phase.STREAMING

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -28,13 +29,16 @@ from router.request.rejections import rejection
 from router.sse import SSE_HEADERS
 from router.upstream.proxy import ClientGone
 
+if TYPE_CHECKING:
+    from router.tracing.otel import RequestTrace
+
 
 class Exchange:
     """One request's state, from its head to its record."""
 
     __slots__ = ("_needs", "config", "dialect", "facts", "failed_on", "gw", "hold", "parsed",
-                 "place", "priority", "quota", "rec", "request", "response", "want",
-                 "weight")
+                 "place", "priority", "quota", "rec", "request", "response", "trace",
+                 "want", "weight")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config, dialect: Dialect = OPENAI) -> None:
@@ -55,6 +59,7 @@ class Exchange:
                              gw.bodies_full)
         self._needs: Needs | None = None
         self.quota: QuotaHold | None = None  # its reservation against its key's limits
+        self.trace: RequestTrace | None = None  # its spans (tracing on)
 
     def prompt_tokens(self, parsed: ParsedRequest) -> int:
         """A generous estimate of the prompt's tokens, from the whole body's size."""

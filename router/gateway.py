@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
     from policies.slots.limits import SharedQuotas
     from router.record import RequestRecord
+    from router.tracing.otel import Tracer
 
 RECENT_RECORDS = 1000
 
@@ -62,6 +63,7 @@ class Gateway:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     metrics: Metrics = field(default_factory=Metrics)
+    tracer: Tracer | None = None  # tracing.enabled: spans of every request (at startup)
     refusals: LogSampler = field(default_factory=LogSampler)  # access lines of unknown callers
 
     def __post_init__(self) -> None:

@@ -125,6 +125,8 @@ def classify(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Request
             parsed.endpoint.api,
         )
         rec.intent, rec.p_simple = ex.facts.intent, round(ex.facts.p_simple, 4)
+        if ex.trace is not None:
+            ex.trace.classified(began, ex.facts.intent, ex.facts.p_simple)
     return ex.facts
 
 
@@ -160,6 +162,9 @@ async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Tick
     rec, backend = ex.rec, ex.gw.backends[pool.name]
     rec.phase = Phase.QUEUED
     queued_at = time.perf_counter()
+    if ex.trace is not None:
+        ex.trace.queued(pool.name, ticket.position, queued_at)
+    outcome = "left"  # its client, a drain or its backend's breaker took it out of line
     reporter = None
     if parsed.stream:
         try:
@@ -184,16 +189,21 @@ async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Tick
             assert offers is not None, "assembly offers moves onto every steering fallback"
             waiting = wait_or_move(ex, ticket, timeout, offers)
         lease = await unless_draining(ex, waiting, pool.name)
+        outcome = "granted" if rec.backend == pool.name else "moved"
     except QueueTimeout:
+        outcome = "timed_out"
         raise ex.rejection(RejectReason.QUEUE_TIMEOUT, ex.retry_after([pool]),
                            pool.name) from None
     except QueueShed:
+        outcome = "shed"
         raise ex.rejection(RejectReason.SHED, ex.retry_after([pool]), pool.name) from None
     finally:
         if reporter is not None:
             reporter.leave(ticket)  # from here on, only this handler writes its stream
         rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
         ex.gw.metrics.queue_wait.labels(pool.name).observe(rec.queue_wait_ms / 1000)
+        if ex.trace is not None:
+            ex.trace.dequeued(outcome, rec.queue_wait_ms)
     return lease
 
 

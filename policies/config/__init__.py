@@ -56,6 +56,7 @@ from policies.config.services import (
     RedisDown,
 )
 from policies.config.slo import ClassObjective, RouteSloConfig, SloConfig
+from policies.config.tracing import OtlpProtocol, TracingConfig
 
 __all__ = [
     "COMPLEX_INTENTS",
@@ -80,6 +81,7 @@ __all__ = [
     "Loc",
     "LoggingConfig",
     "NonNegativeMoney",
+    "OtlpProtocol",
     "Overflow",
     "PositiveSeconds",
     "PriceConfig",
@@ -96,6 +98,7 @@ __all__ = [
     "SimulatedSpec",
     "SloConfig",
     "StrictModel",
+    "TracingConfig",
     "check_experiments",
     "cross_check",
     "target_problem",
@@ -113,6 +116,7 @@ class Config(StrictModel):
     coordination: CoordinationConfig = CoordinationConfig()
     auth: AuthConfig = AuthConfig()
     slo: SloConfig = SloConfig()  # each priority class's TTFT objective
+    tracing: TracingConfig = TracingConfig()  # OpenTelemetry traces (off by default)
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Self:

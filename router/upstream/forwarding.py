@@ -56,14 +56,20 @@ _cache: dict[int, tuple[ServerConfig, Forwarding]] = {}
 _addresses: dict[tuple[str | None, str, str | None], list[tuple[str, str]]] = {}
 _MAX_ADDRESSES = 4096
 DEFAULT = Forwarding(DEFAULT_FORWARDED)
+# The W3C trace context: the client's passes as it is, unless the gateway traces (then ours).
+TRACE_CONTEXT = frozenset({"traceparent", "tracestate"})
 
 
 def forward_headers(
     headers: CIMultiDictProxy[str], request_id: str, auth: str | None,
     peer: str | None = None, scheme: str = "http", rules: Forwarding = DEFAULT,
+    trace: dict[str, str] | None = None,
 ) -> list[tuple[str, str]]:
-    """The headers sent upstream for a request that came with `headers` from `peer`."""
+    """The headers sent upstream for a request that came with `headers` from `peer`;
+    with `trace` (tracing on), its trace context replaces the client's."""
     allowed = rules.allowed
+    if trace is not None:
+        allowed = allowed - TRACE_CONTEXT
     listed = connection_listed(headers)
     if listed:
         allowed = allowed - listed
@@ -72,6 +78,8 @@ def forward_headers(
             ("X-Request-Id", request_id))
     if auth:
         out.append(("Authorization", auth))
+    if trace is not None:
+        out += trace.items()
     if rules.trusted and rules.trusts(peer):
         out += _client_address(headers, peer, scheme, True)
     else:  # the usual case: the same few peers and hosts again and again

@@ -110,6 +110,8 @@ class Attempt:
     streaming: bool = False  # bytes of the answer reached the client
     # The answer rendered in another client API (router.apis.dialect); None: as it is.
     translation: Translation | None = None
+    # The trace context sent in place of the client's (tracing on): traceparent, tracestate.
+    trace: dict[str, str] | None = None
 
 
 def returned_headers(headers: MultiMapping[str], secret: str | None = None
@@ -169,7 +171,7 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
     response = attempt.response
     cfg = upstream.config
     headers = forward_headers(request.headers, attempt.request_id, upstream.auth_header(),
-                              request.remote, request.scheme, attempt.rules)
+                              request.remote, request.scheme, attempt.rules, attempt.trace)
     up: Response | None = None
     done = False
     try:
