@@ -110,7 +110,9 @@ class SpanEncoder:
     Used by one exporter thread at a time (the BatchSpanProcessor's)."""
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[str, str | int], bytes] = {}  # (key, value): len + KeyValue
+        # (key, value): the KeyValue's length and bytes, a table per type (1 == 1.0 == True)
+        self._strs: dict[tuple[str, str], bytes] = {}
+        self._ints: dict[tuple[str, int], bytes] = {}
         self._keys: dict[str, bytes] = {}  # key: its KeyValue.key field
         # (id(resource), id(scope)): both (held, so the ids stay theirs) and their fields
         self._heads: dict[tuple[int, int], tuple[Any, Any, bytes, bytes]] = {}
@@ -160,10 +162,12 @@ class SpanEncoder:
         return _delimited(b"\x0a", body)
 
     def _kv(self, key: str, value: Any) -> bytes:
-        """A KeyValue's length and bytes; cached for the str and int values that repeat."""
-        cacheable = type(value) is str or type(value) is int  # bool is an int: not cached
-        if cacheable:
-            found = self._pairs.get((key, value))
+        """A KeyValue's length and bytes; cached for the str and int values (not bool:
+        True == 1), which repeat."""
+        kind = type(value)
+        cache = self._strs if kind is str else self._ints if kind is int else None
+        if cache is not None:
+            found = cache.get((key, value))
             if found is not None:
                 return found
         head = self._keys.get(key)
@@ -173,17 +177,24 @@ class SpanEncoder:
             head = self._keys[key] = _text(b"\x0a", key)
         kv = head + _delimited(b"\x12", any_value(value))
         kv = varint(len(kv)) + kv
-        if cacheable:
-            if len(self._pairs) >= _MAX_CACHED:
-                self._pairs.clear()
-            self._pairs[key, value] = kv
+        if cache is not None:
+            if len(cache) >= _MAX_CACHED:
+                cache.clear()
+            cache[key, value] = kv
         return kv
 
     def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
+        """Each attribute's field: `tag`, then its KeyValue's length and bytes."""
         if not attributes:
             return []
-        kv = self._kv
-        return [tag + kv(k, v) for k, v in attributes.items()]
+        strs, ints, kv = self._strs, self._ints, self._kv
+        out: list[bytes] = []
+        for key, value in attributes.items():  # the cache hits looked up inline: most are
+            kind = type(value)
+            found = (strs.get((key, value)) if kind is str else
+                     ints.get((key, value)) if kind is int else None)
+            out += (tag, found or kv(key, value))
+        return out
 
     def span(self, span: SpanLike) -> bytes:
         """One `Span` message (without its ScopeSpans tag and length)."""
@@ -193,7 +204,7 @@ class SpanEncoder:
                b"\x12\x08", context.span_id.to_bytes(8, "big")]
         state = context.trace_state
         if state:
-            out.append(_text(b"\x1a", ",".join([f"{k}={v}" for k, v in state.items()])))
+            out.append(_text(b"\x1a", state.to_header()))
         if parent is not None:
             out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
         out += (_text(b"\x2a", span.name), _KINDS[span.kind],
