@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
-from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
@@ -27,6 +27,7 @@ from opentelemetry.trace import (
     TraceFlags,
     TraceState,
 )
+from opentelemetry.util.types import Attributes
 
 from policies.config import TracingConfig
 from router.record import RequestRecord, new_id
@@ -36,19 +37,20 @@ from router.tracing.wire import SpanEncoder
 from tests.support.otlp import Receiver, receiver
 
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+UNSET = Status()
 RESOURCE = Resource.create({"service.name": "slotgate", "deployment.environment": "test"})
 SCOPE, OTHER_SCOPE = InstrumentationScope("slotgate"), InstrumentationScope("other", "1.2")
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 REMOTE = SpanContext(TRACE, 0x00F067AA0BA902B7, True, SAMPLED, TraceState([("k", "v")]))
 SERVER = SpanContext(TRACE, 0x1111, False, SAMPLED, TraceState([("k", "v"), ("o", "p")]))
-ATTRS = {"gen_ai.operation.name": "chat", "http.response.status_code": 200,
+ATTRS: Attributes = {"gen_ai.operation.name": "chat", "http.response.status_code": 200,
          "slotgate.ttft_ms": 12.345, "slotgate.stream": True, "slotgate.off": False,
          "slotgate.empty": "", "slotgate.delta": -7, "slotgate.big": 2 ** 62,
          "slotgate.tenant": "équipe-ü", "slotgate.ids": ("a", "b"), "slotgate.ns": [1, 2]}
 
 
 def span(name: str, span_id: int, parent: SpanContext | None, kind: SpanKind,
-         attrs: dict[str, object], status: Status = Status(), events: tuple[Event, ...] = (),
+         attrs: Attributes, status: Status = UNSET, events: tuple[Event, ...] = (),
          scope: InstrumentationScope = SCOPE, links: Sequence[Link] = ()) -> ReadableSpan:
     context = SpanContext(parent.trace_id if parent else 0xABC, span_id, False, SAMPLED,
                           parent.trace_state if parent else TraceState())
@@ -82,10 +84,13 @@ def test_our_bytes_decode_to_the_sdk_encoders_message() -> None:
     assert len(ours.resource_spans) == 1 and len(ours.resource_spans[0].scope_spans) == 2
 
 
+VALUES: tuple[int | bool | float | str, ...] = (1, True, 1.0, "1", 1, True)
+
+
 def test_a_cached_value_keeps_its_type() -> None:
     encoder = SpanEncoder()
     spans = [span("s", 0x10 + i, SERVER, SpanKind.INTERNAL, {"k": value})
-             for i, value in enumerate((1, True, 1.0, "1", 1, True))]
+             for i, value in enumerate(VALUES)]
     ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
     assert ours == encode_spans(spans)
     values = [s.attributes[0].value.WhichOneof("value")
@@ -94,8 +99,9 @@ def test_a_cached_value_keeps_its_type() -> None:
                       "int_value", "bool_value"]
 
 
-async def export(got: Receiver, **options: object) -> SpanExportResult:
-    exporter = OtlpHttpExporter(got.url + "/v1/traces", {"x-tenant": "ops"}, **options)
+async def export(got: Receiver, gzip_body: bool = False) -> SpanExportResult:
+    exporter = OtlpHttpExporter(got.url + "/v1/traces", {"x-tenant": "ops"},
+                                gzip_body=gzip_body)
     try:
         return await asyncio.to_thread(exporter.export, SPANS)
     finally:
@@ -145,7 +151,7 @@ def test_the_sampling_decides_as_the_sdks_sampler(ratio: float) -> None:
                                 time.time(), new_id())
             trace = tracer.begin(request, rec)
             verdict = sampler.should_sample(None, trace.server.trace_id, "x")
-            assert trace.recording is verdict.decision.is_sampled()
+            assert trace.recording is (verdict.decision is Decision.RECORD_AND_SAMPLE)
         # and through a caller's traceparent, its decision
         for flags in ("00", "01"):
             parent = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-{flags}"

@@ -30,7 +30,8 @@ def exporter(config: TracingConfig) -> SpanExporter:
         _endpoint(config.otlp_endpoint), headers if headers is not None else
         _headers_of(_env("HEADERS")), timeout_s=float(_env("TIMEOUT") or 10),
         gzip_body=(_env("COMPRESSION") or "none").strip().lower() == "gzip",
-        ca_file=_env("CERTIFICATE"))
+        ca_file=_env("CERTIFICATE"), client_cert=_env("CLIENT_CERTIFICATE"),
+        client_key=_env("CLIENT_KEY"))
 
 
 def _env(name: str) -> str | None:

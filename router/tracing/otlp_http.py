@@ -36,7 +36,8 @@ class OtlpHttpExporter(SpanExporter):
 
     def __init__(self, endpoint: str, headers: Mapping[str, str] | None = None,
                  timeout_s: float = 10.0, gzip_body: bool = False,
-                 ca_file: str | None = None) -> None:
+                 ca_file: str | None = None, client_cert: str | None = None,
+                 client_key: str | None = None) -> None:
         url = urlsplit(endpoint)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"OTLP endpoint {endpoint!r}: expected http(s)://host[:port]/path")
@@ -44,6 +45,8 @@ class OtlpHttpExporter(SpanExporter):
         self._host, self._port = url.hostname, url.port
         self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         self._context = ssl.create_default_context(cafile=ca_file) if self._https else None
+        if self._context is not None and client_cert is not None:  # mTLS
+            self._context.load_cert_chain(client_cert, client_key)
         self._headers = {"Content-Type": "application/x-protobuf",
                          "User-Agent": "slotgate-otlp", **(headers or {})}
         if gzip_body:
