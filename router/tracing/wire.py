@@ -6,12 +6,11 @@ repeat (route, backend, tenant, operation, status...), so this writes the wire f
 itself: varints, length-delimited fields, fixed64 times, with the resource and scope
 bytes written once and each repeating attribute's `KeyValue` bytes cached. Field numbers:
 opentelemetry-proto's trace.proto, common.proto and resource.proto. Decoded, the output
-equals the SDK's `encode_spans` message (tests/test_tracing.py holds them equal).
+equals the SDK's `encode_spans` message (tests/test_tracing_wire.py holds them equal).
 
 A span is read through what `ReadableSpan` exposes (name, context, parent, kind, times,
-attributes, events, links, status, resource, instrumentation_scope), so both the SDK's
-spans and `router.tracing.records.SpanRecord` encode. The gateway never truncates
-attributes, events or links: no dropped counts are written.
+attributes, events, links, status, resource, instrumentation_scope). The gateway never
+truncates attributes, events or links: no dropped counts are written.
 """
 
 from __future__ import annotations
