@@ -31,6 +31,7 @@ from opentelemetry.util.types import Attributes
 
 from policies.config import TracingConfig
 from router.record import RequestRecord, new_id
+from router.tracing.export import exporter
 from router.tracing.otel import Tracer
 from router.tracing.otlp_http import OtlpHttpExporter
 from router.tracing.wire import SpanEncoder
@@ -162,3 +163,17 @@ def test_the_sampling_decides_as_the_sdks_sampler(ratio: float) -> None:
             assert trace.server.trace_state.to_header() == "a=b"
     finally:
         tracer.close()
+
+
+async def test_without_an_endpoint_the_exporter_reads_the_sdks_environment(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with receiver() as got:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", got.url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-team=a%20b")
+        made = exporter(TracingConfig(enabled=True))
+        try:
+            assert await asyncio.to_thread(made.export, SPANS) is SpanExportResult.SUCCESS
+        finally:
+            made.shutdown()
+        assert len(got.spans) == len(SPANS) and got.headers[-1]["x-team"] == "a b"
