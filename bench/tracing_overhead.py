@@ -1,5 +1,6 @@
 """What tracing costs: one slotgate per arm (tracing off, on at sample_ratio 1, on at
-0.1), each exporting OTLP/HTTP to a local sink, same run, interleaved rounds.
+0.1, and on at 1 with the SDK's OTLP/HTTP exporter in place of slotgate's), each exporting
+OTLP/HTTP to a local sink, same run, interleaved rounds.
 
     .venv/bin/python bench/tracing_overhead.py [--rounds 4] [--seconds 8]
 
@@ -26,7 +27,15 @@ from peer_configs import MOCK_MODEL, slotgate_yaml
 from peers import Fleet, Server
 from suite_load import run_wrk
 
-ARMS = {"off": None, "ratio-1": 1.0, "ratio-0.1": 0.1}
+# name: (sample ratio, the SDK's own OTLP/HTTP exporter instead of slotgate's)
+ARMS = {"off": (None, False), "ratio-1": (1.0, False), "ratio-0.1": (0.1, False),
+        "ratio-1-sdk": (1.0, True)}
+# The "-sdk" arm's boot: the SDK's exporter (and encoder), as before router.tracing.wire.
+SDK_EXPORTER = ("import router.tracing.otel as otel; "
+                "from opentelemetry.exporter.otlp.proto.http.trace_exporter import "
+                "OTLPSpanExporter; "
+                "otel.exporter = lambda c: OTLPSpanExporter(endpoint=c.otlp_endpoint + "
+                "'/v1/traces'); ")
 
 
 class Sink:
@@ -57,7 +66,7 @@ class Sink:
         asyncio.run(serve())
 
 
-def start_arm(fleet: Fleet, name: str, mock: Server, ratio: float | None,
+def start_arm(fleet: Fleet, name: str, mock: Server, ratio: float | None, sdk: bool,
               sink: Sink) -> Server:
     port = free_port()
     config = fleet.dir / f"{name}.yaml"
@@ -67,7 +76,7 @@ def start_arm(fleet: Fleet, name: str, mock: Server, ratio: float | None,
     config.write_text(slotgate_yaml(port, {"primary": mock.url, "small": mock.url},
                                     ledger=fleet.dir / f"{name}.sqlite3", key=KEY) + tracing)
     boot = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-            "from router.cli import main; sys.exit(main())")
+            + (SDK_EXPORTER if sdk else "") + "from router.cli import main; sys.exit(main())")
     server = fleet.start(name, [sys.executable, "-c", boot, "serve", "--config", str(config),
                                 "--log-level", "warning"], f"http://{HOST}:{port}", "/readyz")
     pin(server.popen.pid, SERVER_CPU)
@@ -90,7 +99,8 @@ def main() -> int:
     with Fleet() as fleet:
         mock = fleet.mock()
         pin(mock.popen.pid, LOAD_CPU)
-        servers = {arm: start_arm(fleet, arm, mock, ratio, sink) for arm, ratio in ARMS.items()}
+        servers = {arm: start_arm(fleet, arm, mock, ratio, sdk, sink)
+                   for arm, (ratio, sdk) in ARMS.items()}
         for r in range(args.rounds):
             arms = list(ARMS)
             order = arms[r % len(arms):] + arms[:r % len(arms)]
@@ -103,14 +113,14 @@ def main() -> int:
                 row = {"rps": out["rps"], "errors": out["errors"],
                        "cpu_us": (server.cpu_s() - cpu0) / out["requests"] * 1e6}
                 rows[arm].append(row)
-                print(f"round {r + 1} {arm:9}: {row['rps']:7.0f} req/s {row['cpu_us']:5.0f} "
+                print(f"round {r + 1} {arm:11}: {row['rps']:7.0f} req/s {row['cpu_us']:5.0f} "
                       f"us/req, errors {row['errors']:.0f}", flush=True)
     for key in ("rps", "cpu_us"):
         base = statistics.median(r[key] for r in rows["off"])
         for arm, got in rows.items():
             mid = statistics.median(r[key] for r in got)
             low, high = min(r[key] for r in got), max(r[key] for r in got)
-            print(f"{key:6} {arm:9} {mid:8.1f}  x{mid / base:.3f} of off  "
+            print(f"{key:6} {arm:11} {mid:8.1f}  x{mid / base:.3f} of off  "
                   f"(rounds {low:.1f}-{high:.1f})")
     print(f"sink: {sink.exports} exports, {sink.bytes / 1e6:.1f} MB of spans")
     print(f"(model {MOCK_MODEL}; targets: CPU per request at most x1.15 of off at ratio 1, "

@@ -1,4 +1,6 @@
-"""The OTLP exporter a `tracing` section names (imported only when tracing is on)."""
+"""The OTLP exporter a `tracing` section names (imported only when tracing is on): for
+http/protobuf, `router.tracing.otlp_http`'s (the SDK's exporter, without its encoder's
+cost); for grpc, the SDK's."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from urllib.parse import unquote
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from policies.config import OtlpProtocol, TracingConfig
+from router.tracing.otlp_http import OtlpHttpExporter
 
 log = logging.getLogger("slotgate")
 _MAX_HEADERS = 64
@@ -23,15 +26,35 @@ def exporter(config: TracingConfig) -> SpanExporter:
         )
         return GrpcExporter(endpoint=config.otlp_endpoint, headers=headers,
                             insecure=(config.otlp_endpoint or "").startswith("http://") or None)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    endpoint = config.otlp_endpoint
-    if endpoint is not None and endpoint.rstrip("/").count("/") == 2:  # no path: the
-        endpoint = endpoint.rstrip("/") + "/v1/traces"  # collector's usual one
-    return OTLPSpanExporter(endpoint=endpoint, headers=headers)
+    return OtlpHttpExporter(
+        _endpoint(config.otlp_endpoint), headers if headers is not None else
+        _headers_of(_env("HEADERS")), timeout_s=float(_env("TIMEOUT") or 10),
+        gzip_body=(_env("COMPRESSION") or "none").strip().lower() == "gzip",
+        ca_file=_env("CERTIFICATE"), client_cert=_env("CLIENT_CERTIFICATE"),
+        client_key=_env("CLIENT_KEY"))
+
+
+def _env(name: str) -> str | None:
+    """OTEL_EXPORTER_OTLP_TRACES_{name}, else OTEL_EXPORTER_OTLP_{name} (the SDK's)."""
+    return (os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
+            or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}"))
+
+
+def _endpoint(configured: str | None) -> str:
+    """The configured endpoint (/v1/traces added to a bare host), else the SDK's env."""
+    if configured is not None:
+        if configured.rstrip("/").count("/") == 2:  # no path: the collector's usual one
+            return configured.rstrip("/") + "/v1/traces"
+        return configured
+    signal = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if signal:
+        return signal
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+    return base.rstrip("/") + "/v1/traces"
 
 
 def _headers(env: str | None) -> dict[str, str] | None:
-    """`key=value,key2=value2` (values URL-encoded, as OTEL_EXPORTER_OTLP_HEADERS)."""
+    """The headers `env` holds (None if it is not set)."""
     if env is None:
         return None
     raw = os.environ.get(env)
@@ -39,6 +62,13 @@ def _headers(env: str | None) -> dict[str, str] | None:
         log.warning("tracing.headers_env names %s, which is not set: no exporter headers",
                     env)
         return None
+    return _headers_of(raw)
+
+
+def _headers_of(raw: str | None) -> dict[str, str]:
+    """`key=value,key2=value2` (values URL-encoded, as OTEL_EXPORTER_OTLP_HEADERS)."""
+    if raw is None:
+        return {}
     out: dict[str, str] = {}
     for item in raw.split(",")[:_MAX_HEADERS]:
         key, sep, value = item.partition("=")

@@ -6,7 +6,8 @@ wait in line (`slotgate.queue`), the classifier (`slotgate.classify`) and one CL
 per upstream attempt (`slotgate.upstream`), whose context the engine receives as its
 `traceparent`. Never any prompt or completion text: only the request record's facts.
 
-The SDK's sampler decides once per request; the spans are then written as finished
+Sampled as the SDK's `ParentBased(TraceIdRatioBased)` would, once per request (the
+comparison made directly); the spans are then written as finished
 `ReadableSpan`s, straight to the SDK's BatchSpanProcessor (whose thread encodes and exports
 them, off the request path): a live SDK `Span` per step (locks, attribute checks, context
 objects) would cost the request path more than the facts it records.
@@ -22,7 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     SpanContext,
@@ -47,6 +48,10 @@ _OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "
                "responses": "chat", "messages": "chat"}
 _REJECTIONS = frozenset(reason.value for reason in RejectReason)
 _ERROR = Status(StatusCode.ERROR)
+_UNSET = Status()
+_SAMPLED, _UNSAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
+_NO_STATE = TraceState()
+_LOW_64 = TraceIdRatioBased.TRACE_ID_LIMIT
 Attrs = Mapping[str, str | int | float]
 
 
@@ -56,24 +61,27 @@ class Tracer:
     def __init__(self, config: TracingConfig) -> None:
         self.resource = Resource.create({"service.name": config.service_name})
         self.scope = InstrumentationScope("slotgate")
-        self.sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
+        # The sampling of ParentBased(TraceIdRatioBased(sample_ratio)), done in begin():
+        # the SDK's sampler call cost more than the comparison it makes.
+        self.bound = TraceIdRatioBased(config.sample_ratio).bound
         self.ids = RandomIdGenerator()
         self.processor = BatchSpanProcessor(exporter(config))
 
     def begin(self, request: web.Request, rec: RequestRecord) -> RequestTrace:
         """The request's trace, child of the caller's `traceparent` if it sent one."""
         parent = None
-        given = None
         if "traceparent" in request.headers:
             given = _PROPAGATOR.extract(request.headers)
             found = get_current_span(given).get_span_context()
             parent = found if found.is_valid else None
-        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
-        verdict = self.sampler.should_sample(given, trace_id, rec.endpoint, SpanKind.SERVER)
-        sampled = verdict.decision is Decision.RECORD_AND_SAMPLE
-        flags = TraceFlags(TraceFlags.SAMPLED if sampled else 0)
-        server = SpanContext(trace_id, self.ids.generate_span_id(), False, flags,
-                             verdict.trace_state or TraceState())
+        if parent is not None:  # ParentBased: the caller's decision, and its trace state
+            trace_id, sampled, state = parent.trace_id, parent.trace_flags.sampled, \
+                parent.trace_state
+        else:  # TraceIdRatioBased: the low 64 bits of the trace id under the ratio's bound
+            trace_id = self.ids.generate_trace_id()
+            sampled, state = trace_id & _LOW_64 < self.bound, _NO_STATE
+        server = SpanContext(trace_id, self.ids.generate_span_id(), False,
+                             _SAMPLED if sampled else _UNSAMPLED, state)
         return RequestTrace(self, server, parent, int(rec.ts * 1e9), rec.started_at)
 
     def close(self) -> None:
@@ -118,7 +126,7 @@ class RequestTrace:
         tracer = self.tracer
         tracer.processor.on_end(ReadableSpan(
             name, context, parent, tracer.resource, attrs, events, kind=kind,
-            status=status or Status(), start_time=start_ns, end_time=end_ns,
+            status=status or _UNSET, start_time=start_ns, end_time=end_ns,
             instrumentation_scope=tracer.scope))
 
     def queued(self, pool: str, position: int, at: float) -> None:

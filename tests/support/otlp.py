@@ -50,12 +50,17 @@ def _attrs(kvs: Any) -> dict[str, Any]:
 class Receiver:
     url: str = ""
     spans: list[Span] = field(default_factory=list)
-    bodies: list[bytes] = field(default_factory=list)  # raw, as exported
+    bodies: list[bytes] = field(default_factory=list)  # as exported (aiohttp un-gzips)
     headers: list[dict[str, str]] = field(default_factory=list)  # of each export
+    refuse: list[int] = field(default_factory=list)  # statuses to answer first (Retry-After 0)
+    posts: int = 0  # exports tried, refused ones included
     _arrived: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def _traces(self, request: web.Request) -> web.Response:
         body = await request.read()
+        self.posts += 1
+        if self.refuse:
+            return web.Response(status=self.refuse.pop(0), headers={"Retry-After": "0"})
         decoded = ExportTraceServiceRequest.FromString(body)
         async with self._arrived:
             self.bodies.append(body)
