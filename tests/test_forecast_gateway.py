@@ -1,5 +1,10 @@
 """The queue forecast end to end: what ten streams at three slots are told against how long
-they then wait, on a simulated engine with real timing, cold and then warm."""
+they then wait, on a simulated engine with real timing, cold and then warm.
+
+A busy machine stretches every real duration alike (the engine's included), which is no
+fault of the forecast: the announced ETAs are judged after one scale common to the burst
+(the median of waited / announced, which must itself stay within a factor of three), so
+what is checked is each waiter's share of the wait, not the box's speed."""
 
 from __future__ import annotations
 
@@ -46,10 +51,19 @@ async def one(http: aiohttp.ClientSession, gw: RunningGateway, max_tokens: int
 
 
 async def burst(http: aiohttp.ClientSession, gw: RunningGateway) -> list[float]:
+    """The relative errors of the ETAs the waiters of one burst were told, after the
+    burst's common scale."""
     got = await asyncio.gather(*(one(http, gw, m) for m in MAX_TOKENS))
     pairs = [g for g in got if g is not None]
     assert len(pairs) == len(MAX_TOKENS) - 3  # three started at once, seven waited
-    return [abs(eta - waited) / waited for eta, waited in pairs if waited >= 0.05]
+    timed = [(eta, waited) for eta, waited in pairs if waited >= 0.05 and eta > 0]
+    scale = statistics.median(waited / eta for eta, waited in timed)
+    assert 1 / 3 <= scale <= 3, scale  # the forecast is of the right size
+    # and of the right order: told later, started later (a flat forecast has no such pair)
+    both = [(a, b) for i, a in enumerate(timed) for b in timed[i + 1:]]
+    agree = sum((a[0] - b[0]) * (a[1] - b[1]) > 0 for a, b in both)
+    assert agree >= 0.8 * len(both), timed
+    return [abs(eta * scale - waited) / waited for eta, waited in timed]
 
 
 async def test_ten_streams_at_three_slots_are_told_when_they_start(
