@@ -11,7 +11,6 @@ step Redis's keys must equal the model's book.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from policies import limits as model
 from policies.limits import PERIODS, Book, Budget, Limits
 from policies.slots.limits import limit_args, refused
 from policies.slots.limits_lua import KEY_NAMES, PRELUDE, RENEW, RESERVE, SEED, SETTLE
-from tests.support import RedisServer, closed_port, require_program
+from tests.support.scripts import scripts_on_redis
 
 TTL_MS = 600_000  # nothing expires by itself while a test runs: the rules expire holds
 BOOK, HOLDS, HELD = KEYS = [f"{{t:limits:k}}:{name}" for name in KEY_NAMES]
@@ -55,17 +54,8 @@ class Store:
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[Store]:
-    server = RedisServer(require_program("redis-server"), closed_port())
-    loop = asyncio.new_event_loop()  # only to start and stop the server
-    loop.run_until_complete(server.start())
-    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
-    try:
-        yield Store(client, {name: client.register_script(text)
-                             for name, text in SCRIPTS.items()})
-    finally:
-        client.close()
-        loop.run_until_complete(server.stop(kill=True))
-        loop.close()
+    with scripts_on_redis(SCRIPTS) as (client, scripts):
+        yield Store(client, scripts)
 
 
 budgets = st.lists(st.builds(

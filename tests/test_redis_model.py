@@ -20,7 +20,6 @@ and Redis's counters, shares and tenants' index equal to the model's.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +45,9 @@ from policies.slots.lua_fair import (
     FAIR_RENEW,
     FAIR_WITHDRAW,
 )
-from tests.support import RedisServer, closed_port, require_program
 from tests.support.lua_fair_model import FairModel, Owner
 from tests.support.lua_model import Model
+from tests.support.scripts import scripts_on_redis
 
 TTL_MS = 600_000  # nothing expires by itself while a test runs: the rules expire things
 CHANNEL = "{model}:wake"
@@ -76,17 +75,8 @@ class Store:
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[Store]:
-    server = RedisServer(require_program("redis-server"), closed_port())
-    loop = asyncio.new_event_loop()  # only to start and stop the server
-    loop.run_until_complete(server.start())
-    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
-    try:
-        yield Store(client, {name: client.register_script(text)
-                             for name, text in SCRIPTS.items()})
-    finally:
-        client.close()
-        loop.run_until_complete(server.stop(kill=True))
-        loop.close()
+    with scripts_on_redis(SCRIPTS) as (client, scripts):
+        yield Store(client, scripts)
 
 
 def live_first(live: Iterable[str], every: list[str]) -> list[str]:

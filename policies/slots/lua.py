@@ -174,6 +174,21 @@ local function not_waiting(id, out)
     table.insert(out, '')
   end
 end
+
+-- POLL's reply: the pool's state (after announcing its grants, if any), Redis's time,
+-- the leases' grant times, then each ticket's (status, value, replica) of `out`
+local function poll_reply(now, grants, channel, out)
+  local s = state()
+  if grants > 0 then
+    s = changed('grant', channel)
+  end
+  local times = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
+  local granted = {}
+  for i = 2, #times, 2 do table.insert(granted, times[i]) end
+  local head = {s[1], s[2], s[3], s[4], now, granted, s[5]}
+  for _, v in ipairs(out) do table.insert(head, v) end
+  return head
+end
 """
 
 # ACQUIRE: a free slot for a newcomer, only when nobody waits (newcomers never overtake),
@@ -268,16 +283,7 @@ for i = last + 1, #ARGV do
     not_waiting(id, out)
   end
 end
-local s = state()
-if grants > 0 then
-  s = changed('grant', ARGV[2])
-end
-local times = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
-local granted = {}
-for i = 2, #times, 2 do table.insert(granted, times[i]) end
-local head = {s[1], s[2], s[3], s[4], now, granted, s[5]}
-for _, v in ipairs(out) do table.insert(head, v) end
-return head
+return poll_reply(now, grants, ARGV[2], out)
 """
 
 # RENEW: extend a held lease. A lease that vanished (its holder was cut off past the TTL,

@@ -187,16 +187,7 @@ end
 for i = 1, #out, 3 do
   if out[i] == 0 then out[i + 1] = out[i + 1] - grants end
 end
-local s = state()
-if grants > 0 then
-  s = changed('grant', ARGV[2])
-end
-local times = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
-local granted = {}
-for i = 2, #times, 2 do table.insert(granted, times[i]) end
-local head = {s[1], s[2], s[3], s[4], now, granted, s[5]}
-for _, v in ipairs(out) do table.insert(head, v) end
-return head
+return poll_reply(now, grants, ARGV[2], out)
 """
 
 # RENEW: as FIFO's, and a held lease charges its answer's tokens since the last charge.
