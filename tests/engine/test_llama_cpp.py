@@ -161,7 +161,7 @@ async def test_three_at_once_one_runs_two_queue_in_the_gateway(
             metrics = await r.text()
         assert 'llm_active_slots_gauge{backend="big"} 1.0' in metrics
         assert 'llm_queue_depth_gauge{backend="big"} 2.0' in metrics
-        assert not await free(idle.primary, within_s=0.5)  # it is generating the first
+        # (no look at the engine here: a 24-token answer may end before one could ask)
         results = await asyncio.gather(*tasks)
     finally:
         unwatch()
