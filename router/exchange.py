@@ -30,7 +30,7 @@ from router.sse import SSE_HEADERS
 from router.upstream.proxy import ClientGone
 
 if TYPE_CHECKING:
-    from router.tracing.otel import RequestTrace
+    from router.tracing.spans import RequestTrace
 
 
 class Exchange:

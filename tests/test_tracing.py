@@ -301,9 +301,9 @@ def test_grpc_has_the_sdks_grpc_exporter() -> None:
         OTLPSpanExporter as GrpcExporter,
     )
 
-    from router.tracing.export import exporter
+    from router.tracing.export import grpc_exporter
 
-    made = exporter(TracingConfig(enabled=True, protocol=OtlpProtocol.GRPC,
+    made = grpc_exporter(TracingConfig(enabled=True, protocol=OtlpProtocol.GRPC,
                                   otlp_endpoint="http://127.0.0.1:4317"))
     assert isinstance(made, GrpcExporter)
     made.shutdown()

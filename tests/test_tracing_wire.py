@@ -7,93 +7,92 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import (
-    Link,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    TraceState,
-)
-from opentelemetry.util.types import Attributes
 
 from policies.config import TracingConfig
 from router.record import RequestRecord, new_id
-from router.tracing.export import exporter
-from router.tracing.otel import Tracer
+from router.tracing.export import http_exporter
+from router.tracing.otel import SCOPE, Tracer, readable
 from router.tracing.otlp_http import OtlpHttpExporter
+from router.tracing.spans import CLIENT, INTERNAL, SERVER, Attrs, Event, SpanFacts
 from router.tracing.wire import SpanEncoder
 from tests.support.otlp import Receiver, receiver
 
-SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-UNSET = Status()
 RESOURCE = Resource.create({"service.name": "slotgate", "deployment.environment": "test"})
-SCOPE, OTHER_SCOPE = InstrumentationScope("slotgate"), InstrumentationScope("other", "1.2")
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
-REMOTE = SpanContext(TRACE, 0x00F067AA0BA902B7, True, SAMPLED, TraceState([("k", "v")]))
-SERVER = SpanContext(TRACE, 0x1111, False, SAMPLED, TraceState([("k", "v"), ("o", "p")]))
-ATTRS: Attributes = {"gen_ai.operation.name": "chat", "http.response.status_code": 200,
-         "slotgate.ttft_ms": 12.345, "slotgate.stream": True, "slotgate.off": False,
-         "slotgate.empty": "", "slotgate.delta": -7, "slotgate.big": 2 ** 62,
-         "slotgate.tenant": "équipe-ü", "slotgate.ids": ("a", "b"), "slotgate.ns": [1, 2]}
+CALLER = 0x00F067AA0BA902B7
+ATTRS: Attrs = {"gen_ai.operation.name": "chat", "http.response.status_code": 200,
+                "slotgate.ttft_ms": 12.345, "slotgate.stream": True, "slotgate.off": False,
+                "slotgate.empty": "", "slotgate.delta": -7, "slotgate.big": 2 ** 62,
+                "slotgate.tenant": "équipe-ü", "slotgate.ids": ("a", "b"),  # type: ignore[dict-item]
+                "slotgate.ns": [1, 2]}  # type: ignore[dict-item]
 
 
-def span(name: str, span_id: int, parent: SpanContext | None, kind: SpanKind,
-         attrs: Attributes, status: Status = UNSET, events: tuple[Event, ...] = (),
-         scope: InstrumentationScope = SCOPE, links: Sequence[Link] = ()) -> ReadableSpan:
-    context = SpanContext(parent.trace_id if parent else 0xABC, span_id, False, SAMPLED,
-                          parent.trace_state if parent else TraceState())
-    return ReadableSpan(name, context, parent, RESOURCE, attrs, events, links, kind=kind,
-                        status=status, start_time=1_764_633_600_000_000_000 + span_id,
-                        end_time=1_764_633_600_250_000_000 + span_id,
-                        instrumentation_scope=scope)
+@dataclass
+class Trace:
+    """A finished trace as the encoder reads one (the gateway's is RequestTrace)."""
+
+    trace_id: int
+    state: str
+    facts: list[SpanFacts]
+
+    def spans(self) -> list[SpanFacts]:
+        return self.facts
 
 
-SPANS = [
-    span("chat chat", SERVER.span_id, REMOTE, SpanKind.SERVER, ATTRS,
-         Status(StatusCode.ERROR, "upstream failed"),
-         (Event("slotgate.client_disconnected", {"slotgate.phase": "stream"}, 5),)),
-    span("slotgate.upstream", 0x2222, SERVER, SpanKind.CLIENT,
-         {"slotgate.backend": "big", "server.port": 8000, "slotgate.retry": 0},
-         Status(StatusCode.ERROR)),
-    span("slotgate.classify", 0x3333, SERVER, SpanKind.INTERNAL,
-         {"slotgate.intent": "code", "slotgate.p_simple": 0.25}, Status(StatusCode.OK),
-         scope=OTHER_SCOPE, links=[Link(REMOTE, {"why": "follows"})]),
-    span("root", 0x4444, None, SpanKind.INTERNAL, {}),
-    span("slotgate.queue", 0x5555, SERVER, SpanKind.INTERNAL,
-         {"slotgate.backend": "big", "slotgate.queue.position": 1}),
+def fact(name: str, span_id: int, parent: int | None, kind: int, attrs: Attrs,
+         **more: Any) -> SpanFacts:
+    return SpanFacts(name, span_id, parent, kind, 1_764_633_600_000_000_000 + span_id,
+                     1_764_633_600_250_000_000 + span_id, attrs, **more)
+
+
+TRACES = [
+    Trace(TRACE, "k=v,o=p", [
+        fact("slotgate.upstream", 0x2222, 0x1111, CLIENT,
+             {"slotgate.backend": "big", "server.port": 8000, "slotgate.retry": 0},
+             failed=True),
+        fact("slotgate.classify", 0x3333, 0x1111, INTERNAL,
+             {"slotgate.intent": "code", "slotgate.p_simple": 0.25}),
+        fact("slotgate.queue", 0x5555, 0x1111, INTERNAL,
+             {"slotgate.backend": "big", "slotgate.queue.position": 1}),
+        fact("chat chat", 0x1111, CALLER, SERVER, ATTRS, failed=True, remote_parent=True,
+             events=(Event("slotgate.client_disconnected", 5, {"slotgate.phase": "stream"}),)),
+    ]),
+    Trace(0xABC, "", [fact("root", 0x4444, None, SERVER, {})]),
 ]
+SPANS = [span for trace in TRACES for span in readable(trace, RESOURCE)]
+
+
+def encoder() -> SpanEncoder:
+    return SpanEncoder(RESOURCE.attributes, SCOPE)
 
 
 def test_our_bytes_decode_to_the_sdk_encoders_message() -> None:
-    encoder = SpanEncoder()
+    ours = encoder()
     for _ in range(2):  # the second time from the caches
-        ours = ExportTraceServiceRequest.FromString(encoder.request(SPANS))
-        assert ours == encode_spans(SPANS)
-    assert len(ours.resource_spans) == 1 and len(ours.resource_spans[0].scope_spans) == 2
+        got = ExportTraceServiceRequest.FromString(ours.request(TRACES))
+        assert got == encode_spans(SPANS)
+    assert len(got.resource_spans) == 1 and len(got.resource_spans[0].scope_spans) == 1
+    assert len(got.resource_spans[0].scope_spans[0].spans) == 5
 
 
 VALUES: tuple[int | bool | float | str, ...] = (1, True, 1.0, "1", 1, True)
 
 
 def test_a_cached_value_keeps_its_type() -> None:
-    encoder = SpanEncoder()
-    spans = [span("s", 0x10 + i, SERVER, SpanKind.INTERNAL, {"k": value})
-             for i, value in enumerate(VALUES)]
-    ours = ExportTraceServiceRequest.FromString(encoder.request(spans))
-    assert ours == encode_spans(spans)
+    traces = [Trace(TRACE, "", [fact("s", 0x10 + i, 0x1111, INTERNAL, {"k": value})
+                                for i, value in enumerate(VALUES)])]
+    ours = ExportTraceServiceRequest.FromString(encoder().request(traces))
+    assert ours == encode_spans(readable(traces[0], RESOURCE))
     values = [s.attributes[0].value.WhichOneof("value")
               for s in ours.resource_spans[0].scope_spans[0].spans]
     assert values == ["int_value", "bool_value", "double_value", "string_value",
@@ -101,10 +100,10 @@ def test_a_cached_value_keeps_its_type() -> None:
 
 
 async def export(got: Receiver, gzip_body: bool = False) -> SpanExportResult:
-    exporter = OtlpHttpExporter(got.url + "/v1/traces", {"x-tenant": "ops"},
+    exporter = OtlpHttpExporter(got.url + "/v1/traces", encoder(), {"x-tenant": "ops"},
                                 gzip_body=gzip_body)
     try:
-        return await asyncio.to_thread(exporter.export, SPANS)
+        return await asyncio.to_thread(exporter.export, TRACES)
     finally:
         exporter.shutdown()
 
@@ -135,8 +134,8 @@ async def test_the_exporter_gzips_when_asked() -> None:
 async def test_an_unreachable_collector_fails_the_batch_within_the_deadline() -> None:
     async with receiver() as got:
         url = got.url
-    exporter = OtlpHttpExporter(url + "/v1/traces", timeout_s=0.5)
-    assert await asyncio.to_thread(exporter.export, SPANS) is SpanExportResult.FAILURE
+    exporter = OtlpHttpExporter(url + "/v1/traces", encoder(), timeout_s=0.5)
+    assert await asyncio.to_thread(exporter.export, TRACES) is SpanExportResult.FAILURE
     exporter.shutdown()
 
 
@@ -151,7 +150,7 @@ def test_the_sampling_decides_as_the_sdks_sampler(ratio: float) -> None:
             rec = RequestRecord(new_id(), "/v1/chat/completions", time.perf_counter(),
                                 time.time(), new_id())
             trace = tracer.begin(request, rec)
-            verdict = sampler.should_sample(None, trace.server.trace_id, "x")
+            verdict = sampler.should_sample(None, trace.trace_id, "x")
             assert trace.recording is (verdict.decision is Decision.RECORD_AND_SAMPLE)
         # and through a caller's traceparent, its decision
         for flags in ("00", "01"):
@@ -160,7 +159,7 @@ def test_the_sampling_decides_as_the_sdks_sampler(ratio: float) -> None:
                 "POST", "/v1/chat/completions", headers={"traceparent": parent,
                                                          "tracestate": "a=b"}), rec)
             assert trace.recording is (flags == "01")
-            assert trace.server.trace_state.to_header() == "a=b"
+            assert trace.state == "a=b" and trace.parent_id is not None
     finally:
         tracer.close()
 
@@ -171,9 +170,9 @@ async def test_without_an_endpoint_the_exporter_reads_the_sdks_environment(
     async with receiver() as got:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", got.url)
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-team=a%20b")
-        made = exporter(TracingConfig(enabled=True))
+        made = http_exporter(TracingConfig(enabled=True), RESOURCE.attributes, SCOPE)
         try:
-            assert await asyncio.to_thread(made.export, SPANS) is SpanExportResult.SUCCESS
+            assert await asyncio.to_thread(made.export, TRACES) is SpanExportResult.SUCCESS
         finally:
             made.shutdown()
         assert len(got.spans) == len(SPANS) and got.headers[-1]["x-team"] == "a b"

@@ -1,34 +1,43 @@
 """The OTLP exporter a `tracing` section names (imported only when tracing is on): for
-http/protobuf, `router.tracing.otlp_http`'s (the SDK's exporter, without its encoder's
-cost); for grpc, the SDK's."""
+http/protobuf, `router.tracing.otlp_http`'s (the SDK's exporter's HTTP, without its
+encoder's cost); for grpc, the SDK's."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from policies.config import OtlpProtocol, TracingConfig
+from policies.config import TracingConfig
 from router.tracing.otlp_http import OtlpHttpExporter
+from router.tracing.wire import SpanEncoder
 
 log = logging.getLogger("slotgate")
 _MAX_HEADERS = 64
 
 
-def exporter(config: TracingConfig) -> SpanExporter:
-    """The OTLP exporter `config` names, its headers from `headers_env` (never logged)."""
+def grpc_exporter(config: TracingConfig) -> SpanExporter:
+    """The SDK's OTLP/gRPC exporter, its headers from `headers_env` (never logged)."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+    return GrpcExporter(endpoint=config.otlp_endpoint, headers=_headers(config.headers_env),
+                        insecure=(config.otlp_endpoint or "").startswith("http://") or None)
+
+
+def http_exporter(config: TracingConfig, resource: Mapping[str, Any],
+                  scope: str) -> OtlpHttpExporter:
+    """slotgate's OTLP/HTTP exporter, its headers from `headers_env` (never logged), else
+    from the SDK's environment, as are the endpoint, timeout, compression and TLS files."""
     headers = _headers(config.headers_env)
-    if config.protocol is OtlpProtocol.GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
-        )
-        return GrpcExporter(endpoint=config.otlp_endpoint, headers=headers,
-                            insecure=(config.otlp_endpoint or "").startswith("http://") or None)
     return OtlpHttpExporter(
-        _endpoint(config.otlp_endpoint), headers if headers is not None else
-        _headers_of(_env("HEADERS")), timeout_s=float(_env("TIMEOUT") or 10),
+        _endpoint(config.otlp_endpoint), SpanEncoder(resource, scope),
+        headers if headers is not None else _headers_of(_env("HEADERS")),
+        timeout_s=float(_env("TIMEOUT") or 10),
         gzip_body=(_env("COMPRESSION") or "none").strip().lower() == "gzip",
         ca_file=_env("CERTIFICATE"), client_cert=_env("CLIENT_CERTIFICATE"),
         client_key=_env("CLIENT_KEY"))

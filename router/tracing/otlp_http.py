@@ -18,11 +18,12 @@ import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from router.tracing.wire import SpanEncoder, SpanLike
+from router.tracing.wire import SpanEncoder, TraceLike
 
 log = logging.getLogger("slotgate")
 _RETRYABLE = frozenset({429, 502, 503, 504})
@@ -34,7 +35,8 @@ class OtlpHttpExporter(SpanExporter):
     """Spans to `endpoint` (a full URL, /v1/traces included) over one kept-alive
     connection; used by the processor's thread alone (shutdown aside)."""
 
-    def __init__(self, endpoint: str, headers: Mapping[str, str] | None = None,
+    def __init__(self, endpoint: str, encoder: SpanEncoder,
+                 headers: Mapping[str, str] | None = None,
                  timeout_s: float = 10.0, gzip_body: bool = False,
                  ca_file: str | None = None, client_cert: str | None = None,
                  client_key: str | None = None) -> None:
@@ -52,15 +54,17 @@ class OtlpHttpExporter(SpanExporter):
         if gzip_body:
             self._headers["Content-Encoding"] = "gzip"
         self._gzip, self._timeout_s = gzip_body, timeout_s
-        self._encoder = SpanEncoder()
+        self._encoder = encoder
         self._conn: http.client.HTTPConnection | None = None
         self._stopped = threading.Event()
 
-    def export(self, spans: Sequence[SpanLike]) -> SpanExportResult:
-        """Encode and send one batch; FAILURE once the retries or the deadline run out."""
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        """Encode and send one batch of finished traces (`TraceLike`: what the processor
+        is handed); FAILURE once the retries or the deadline run out."""
         if self._stopped.is_set():
             return SpanExportResult.FAILURE
-        body = self._encoder.request(spans)
+        traces: Sequence[TraceLike] = spans
+        body = self._encoder.request(traces)
         if self._gzip:
             body = gzip.compress(body, compresslevel=6)
         deadline = time.monotonic() + self._timeout_s
@@ -75,7 +79,7 @@ class OtlpHttpExporter(SpanExporter):
             if (attempt + 1 == _MAX_ATTEMPTS or backoff > deadline - time.monotonic()
                     or self._stopped.wait(backoff)):
                 break
-        log.warning("tracing: %d spans not exported (%s)", len(spans), problem)
+        log.warning("tracing: %d traces not exported (%s)", len(spans), problem)
         return SpanExportResult.FAILURE
 
     def _post(self, body: bytes, deadline: float) -> tuple[int, float | None, str]:

@@ -6,11 +6,12 @@ repeat (route, backend, tenant, operation, status...), so this writes the wire f
 itself: varints, length-delimited fields, fixed64 times, with the resource and scope
 bytes written once and each repeating attribute's `KeyValue` bytes cached. Field numbers:
 opentelemetry-proto's trace.proto, common.proto and resource.proto. Decoded, the output
-equals the SDK's `encode_spans` message (tests/test_tracing_wire.py holds them equal).
+equals the SDK's `encode_spans` message of the same spans as `ReadableSpan`s
+(tests/test_tracing_wire.py holds them equal).
 
-A span is read through what `ReadableSpan` exposes (name, context, parent, kind, times,
-attributes, events, links, status, resource, instrumentation_scope). The gateway never
-truncates attributes, events or links: no dropped counts are written.
+The spans are read from the gateway's finished traces (`router.tracing.spans`), under
+the gateway's one resource and scope. The gateway never truncates attributes or events,
+and writes no links: no dropped counts are written.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status
+from router.tracing.spans import CLIENT, INTERNAL, SERVER, SpanFacts
 
 _MAX_CACHED = 4096  # KeyValues kept; the table starts over when full
 _SMALL = [bytes((n,)) for n in range(128)]
@@ -29,37 +28,19 @@ _DOUBLE = struct.Struct("<d").pack
 # Span.flags (fixed32): the parent's is_remote is known (0x100), and true (0x200).
 _LOCAL, _REMOTE = b"\x85\x01" + (0x100).to_bytes(4, "little"), \
     b"\x85\x01" + (0x300).to_bytes(4, "little")
-_KINDS = {kind: b"\x30" + _SMALL[kind.value + 1] for kind in SpanKind}  # proto's = SDK's + 1
+_KINDS = {kind: b"\x30" + _SMALL[kind] for kind in (INTERNAL, SERVER, CLIENT)}
 _TRUE, _FALSE = b"\x10\x01", b"\x10\x00"
+_UNSET, _ERROR = b"\x7a\x00", b"\x7a\x02\x18\x02"  # Span.status: its code (2: ERROR)
 
 
-class SpanLike(Protocol):
-    """What the encoder reads of a span (`ReadableSpan`'s names)."""
+class TraceLike(Protocol):
+    """What the encoder reads of a finished trace (`router.tracing.spans.RequestTrace`)."""
 
     @property
-    def name(self) -> str: ...
+    def trace_id(self) -> int: ...
     @property
-    def context(self) -> SpanContext | None: ...
-    @property
-    def parent(self) -> SpanContext | None: ...
-    @property
-    def kind(self) -> SpanKind: ...
-    @property
-    def start_time(self) -> int | None: ...
-    @property
-    def end_time(self) -> int | None: ...
-    @property
-    def attributes(self) -> Mapping[str, Any] | None: ...
-    @property
-    def events(self) -> Sequence[Any]: ...
-    @property
-    def links(self) -> Sequence[Any]: ...
-    @property
-    def status(self) -> Status: ...
-    @property
-    def resource(self) -> Resource: ...
-    @property
-    def instrumentation_scope(self) -> InstrumentationScope | None: ...
+    def state(self) -> str: ...  # the W3C `tracestate` header, "" for none
+    def spans(self) -> Sequence[SpanFacts]: ...
 
 
 def varint(n: int) -> bytes:
@@ -104,61 +85,33 @@ def any_value(value: Any) -> bytes:
 
 
 class SpanEncoder:
-    """Spans into request bytes; holds the caches of what repeats between batches.
+    """Finished traces into request bytes, under one resource and one scope; holds the
+    caches of what repeats between batches. Used by one exporter thread at a time (the
+    BatchSpanProcessor's)."""
 
-    Used by one exporter thread at a time (the BatchSpanProcessor's)."""
-
-    def __init__(self) -> None:
+    def __init__(self, resource: Mapping[str, Any], scope: str) -> None:
         # (key, value): the KeyValue's length and bytes, a table per type (1 == 1.0 == True)
         self._strs: dict[tuple[str, str], bytes] = {}
         self._ints: dict[tuple[str, int], bytes] = {}
         self._keys: dict[str, bytes] = {}  # key: its KeyValue.key field
-        # (id(resource), id(scope)): both (held, so the ids stay theirs) and their fields
-        self._heads: dict[tuple[int, int], tuple[Any, Any, bytes, bytes]] = {}
+        self._names: dict[str, bytes] = {}  # span name: its Span.name field
+        # ResourceSpans.resource and ScopeSpans.scope (field 1 of each), written once
+        self._resource = _delimited(b"\x0a", b"".join(
+            [b"\x0a" + self._kv(k, v) for k, v in resource.items()]))
+        self._scope = _delimited(b"\x0a", _text(b"\x0a", scope) if scope else b"")
 
-    def request(self, spans: Iterable[SpanLike]) -> bytes:
-        """An `ExportTraceServiceRequest`: one ResourceSpans per resource, one ScopeSpans
-        per scope within it, in the order first seen (grouped by identity)."""
-        tree: dict[int, dict[int, list[bytes]]] = {}
-        heads = self._heads
-        for span in spans:
-            resource, scope = span.resource, span.instrumentation_scope
-            at = (id(resource), id(scope))
-            if at not in heads:
-                if len(heads) >= 16:
-                    heads.clear()
-                heads[at] = (resource, scope, self._resource(resource), self._scope(scope))
-            tree.setdefault(at[0], {}).setdefault(at[1], []).append(self.span(span))
-        out = []
-        for rid, scopes in tree.items():
-            parts = []
-            for sid, encoded in scopes.items():
-                resource, scope, resource_field, scope_field = heads[rid, sid]
-                body = scope_field + b"".join([b"\x12" + varint(len(one)) + one
-                                               for one in encoded])
-                if getattr(scope, "schema_url", ""):
-                    body += _text(b"\x1a", scope.schema_url)
-                parts.append(_delimited(b"\x12", body))
-            body = resource_field + b"".join(parts)
-            if getattr(resource, "schema_url", ""):
-                body += _text(b"\x1a", resource.schema_url)
-            out.append(_delimited(b"\x0a", body))
-        return b"".join(out)
-
-    def _resource(self, resource: Resource) -> bytes:
-        """ResourceSpans.resource (field 1), always present as in the SDK's."""
-        return _delimited(b"\x0a", b"".join(
-            [b"\x0a" + self._kv(k, v) for k, v in resource.attributes.items()]))
-
-    def _scope(self, scope: InstrumentationScope | None) -> bytes:
-        """ScopeSpans.scope (field 1), always present as in the SDK's."""
-        if scope is None:
-            return b"\x0a\x00"
-        body = _text(b"\x0a", scope.name) if scope.name else b""
-        if scope.version:
-            body += _text(b"\x12", scope.version)
-        body += b"".join([b"\x1a" + self._kv(k, v) for k, v in (scope.attributes or {}).items()])
-        return _delimited(b"\x0a", body)
+    def request(self, traces: Iterable[TraceLike]) -> bytes:
+        """An `ExportTraceServiceRequest`: one ResourceSpans, one ScopeSpans, the traces'
+        spans in order."""
+        spans: list[bytes] = []
+        for trace in traces:
+            trace_id = b"\x0a\x10" + trace.trace_id.to_bytes(16, "big")
+            state = _text(b"\x1a", trace.state) if trace.state else b""
+            for span in trace.spans():
+                one = self.span(trace_id, state, span)
+                spans += (b"\x12", varint(len(one)), one)
+        scope_spans = _delimited(b"\x12", self._scope + b"".join(spans))
+        return _delimited(b"\x0a", self._resource + scope_spans)
 
     def _kv(self, key: str, value: Any) -> bytes:
         """A KeyValue's length and bytes; cached for the str and int values (not bool:
@@ -182,10 +135,8 @@ class SpanEncoder:
             cache[key, value] = kv
         return kv
 
-    def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
+    def _attributes(self, tag: bytes, attributes: Mapping[str, Any]) -> list[bytes]:
         """Each attribute's field: `tag`, then its KeyValue's length and bytes."""
-        if not attributes:
-            return []
         strs, ints, kv = self._strs, self._ints, self._kv
         out: list[bytes] = []
         for key, value in attributes.items():  # the cache hits looked up inline: most are
@@ -195,37 +146,23 @@ class SpanEncoder:
             out += (tag, found or kv(key, value))
         return out
 
-    def span(self, span: SpanLike) -> bytes:
-        """One `Span` message (without its ScopeSpans tag and length)."""
-        context, parent = span.context, span.parent
-        assert context is not None  # a finished span always has one
-        out = [b"\x0a\x10", context.trace_id.to_bytes(16, "big"),
-               b"\x12\x08", context.span_id.to_bytes(8, "big")]
-        state = context.trace_state
-        if state:
-            out.append(_text(b"\x1a", state.to_header()))
-        if parent is not None:
-            out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-        out += (_text(b"\x2a", span.name), _KINDS[span.kind],
-                b"\x39", (span.start_time or 0).to_bytes(8, "little"),
-                b"\x41", (span.end_time or 0).to_bytes(8, "little"))
-        out += self._attributes(b"\x4a", span.attributes)
+    def span(self, trace_id: bytes, state: bytes, span: SpanFacts) -> bytes:
+        """One `Span` message (without its ScopeSpans tag and length); `trace_id` and
+        `state` are its trace's fields, written."""
+        name = self._names.get(span.name)
+        if name is None:
+            if len(self._names) >= _MAX_CACHED:
+                self._names.clear()
+            name = self._names[span.name] = _text(b"\x2a", span.name)
+        out = [trace_id, b"\x12\x08", span.span_id.to_bytes(8, "big"), state]
+        if span.parent_id is not None:
+            out += (b"\x22\x08", span.parent_id.to_bytes(8, "big"))
+        out += (name, _KINDS[span.kind], b"\x39", span.start_ns.to_bytes(8, "little"),
+                b"\x41", span.end_ns.to_bytes(8, "little"))
+        out += self._attributes(b"\x4a", span.attrs)
         for event in span.events:
-            body = b"\x09" + event.timestamp.to_bytes(8, "little") + _text(b"\x12", event.name)
-            body += b"".join(self._attributes(b"\x1a", event.attributes))
+            body = b"\x09" + event.time_ns.to_bytes(8, "little") + _text(b"\x12", event.name)
+            body += b"".join(self._attributes(b"\x1a", event.attrs))
             out.append(_delimited(b"\x5a", body))
-        for link in span.links:
-            linked = link.context
-            body = (b"\x0a\x10" + linked.trace_id.to_bytes(16, "big")
-                    + b"\x12\x08" + linked.span_id.to_bytes(8, "big"))
-            body += b"".join(self._attributes(b"\x22", link.attributes))
-            body += b"\x35" + (0x300 if linked.is_remote else 0x100).to_bytes(4, "little")
-            out.append(_delimited(b"\x6a", body))
-        status = span.status
-        code = status.status_code.value
-        body = _text(b"\x12", status.description) if status.description else b""
-        if code:
-            body += b"\x18" + _SMALL[code]
-        out += (_delimited(b"\x7a", body),
-                _REMOTE if parent is not None and parent.is_remote else _LOCAL)
+        out += (_ERROR if span.failed else _UNSET, _REMOTE if span.remote_parent else _LOCAL)
         return b"".join(out)
