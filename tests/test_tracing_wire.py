@@ -5,6 +5,7 @@ the sampling done without the SDK's sampler decides as the sampler would."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 from policies.config import TracingConfig
 from router.record import RequestRecord, new_id
 from router.tracing.export import http_exporter
-from router.tracing.otel import SCOPE, Tracer, readable
+from router.tracing.otel import SCOPE, DropWarnings, Tracer, readable
 from router.tracing.otlp_http import OtlpHttpExporter
 from router.tracing.spans import CLIENT, INTERNAL, SERVER, Attrs, Event, SpanFacts
 from router.tracing.wire import SpanEncoder
@@ -176,3 +177,27 @@ async def test_without_an_endpoint_the_exporter_reads_the_sdks_environment(
         finally:
             made.shutdown()
         assert len(got.spans) == len(SPANS) and got.headers[-1]["x-team"] == "a b"
+
+
+async def test_a_full_queue_warns_once_not_per_dropped_trace(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "1")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")
+    request = make_mocked_request("POST", "/v1/chat/completions")
+    async with receiver() as got:
+        tracer = Tracer(TracingConfig(enabled=True, otlp_endpoint=got.url))
+        [drops] = [f for f in logging.getLogger("opentelemetry.sdk._shared_internal").filters
+                   if isinstance(f, DropWarnings)]
+        drops.next_at = 0.0  # (one filter per process: another test may have used it)
+        # This loop holds the event loop, so the receiver answers no export meanwhile: the
+        # exporter's thread waits on its first batch, and the one-trace queue overflows.
+        for _ in range(50):
+            rec = RequestRecord(new_id(), "/v1/chat/completions", time.perf_counter(),
+                                time.time(), new_id(), status=200)
+            tracer.begin(request, rec).end(rec, None)
+        await asyncio.to_thread(tracer.close)
+    full = [r.getMessage() for r in caplog.records if "queue is full" in r.getMessage()]
+    assert len(got.spans) <= 3  # most were dropped...
+    assert len(full) == 1 and "traces dropped" in full[0]  # ...and said so once
+    assert not [r for r in caplog.records if r.getMessage().startswith("Queue full")]

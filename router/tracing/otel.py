@@ -11,7 +11,9 @@ the facts it records.
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -45,6 +47,33 @@ _ERROR, _UNSET = Status(StatusCode.ERROR), Status()
 SCOPE = "slotgate"
 
 
+class DropWarnings(logging.Filter):
+    """The SDK's processor warns once per item it drops from a full queue: with a collector
+    down under load, a line per request. This lets one through per `every_s`, saying how
+    many traces were dropped since the last one."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        super().__init__()
+        self.every_s, self.next_at, self.dropped = every_s, 0.0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Queue full"):
+            return True
+        self.dropped += 1
+        now = time.monotonic()
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.every_s
+        record.msg, record.args = ("tracing: the export queue is full: %d traces dropped "
+                                   "(a warning every %.0f s at most)",
+                                   (self.dropped, self.every_s))
+        self.dropped = 0
+        return True
+
+
+_SDK_LOG = logging.getLogger("opentelemetry.sdk._shared_internal")  # the processor's
+
+
 class Tracer:
     """The sampler, the ids, the batch exporter: what every request's trace shares."""
 
@@ -58,6 +87,8 @@ class Tracer:
                     if config.protocol is OtlpProtocol.GRPC
                     else http_exporter(config, self.resource.attributes, SCOPE))
         self.processor = BatchSpanProcessor(exporter)
+        if not any(isinstance(f, DropWarnings) for f in _SDK_LOG.filters):
+            _SDK_LOG.addFilter(DropWarnings())
 
     def span_id(self) -> int:
         """A random non-zero 64-bit span id (as the SDK's RandomIdGenerator)."""
