@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The side-by-side suite (docs/BENCHMARKS.md): slotgate against LiteLLM, nginx and no proxy,
-# ~6-7 minutes; installs nginx and wrk with apt-get when missing, LiteLLM into its own venv.
+# ~7-8 minutes; installs nginx and wrk with apt-get when missing, LiteLLM into its own venv.
 .PHONY: bench-quick bench-overhead
 bench: $(STAMP)
 	$(BIN)/python bench/suite.py --apt

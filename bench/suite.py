@@ -10,7 +10,8 @@ worker, no database, telemetry off) and nginx (keep-alive upstream, proxy_buffer
 Rounds interleave the targets (the order rotates every round) phase by phase: latency at
 concurrency 1, wrk at 64, streams at 16. Then, for slotgate alone: a py-spy profile under
 the c=64 load, slot hand-off under saturation, memory per queued streaming request (10,000
-queued), classifier latency, and requests/s with Redis coordination for 1 and 2 processes.
+queued), tracing's CPU per request (off, sample ratio 1 and 0.1, paired rounds), classifier
+latency, and requests/s with Redis coordination for 1 and 2 processes.
 
 Pinning (2+ CPUs): the server under test on CPU 0; the load generator (wrk or this
 process) and the mock on CPU 1; for `direct` the mock is the server under test, on CPU 0.
@@ -46,7 +47,7 @@ import orjson
 # Run as a script, so this directory is on sys.path and the siblings import by name.
 from peer_tools import TOOLS_VENV, Tools, prepare
 from peers import Fleet
-from suite_alone import classifier, profile, redis, saturation
+from suite_alone import classifier, profile, redis, saturation, tracing
 from suite_load import LoadError
 from suite_phases import FULL, LOAD_CPU, QUICK, WORK, Scale, Suite
 from suite_report import describe_machine, finish
@@ -93,6 +94,12 @@ async def run(args: argparse.Namespace, tools: Tools, scale: Scale) -> Result:
             except (LoadError, aiohttp.ClientError, TimeoutError, OSError, RuntimeError) as exc:
                 suite.notes.append(f"saturation phase failed: {exc!r:.400}")
             mark("saturation", began)
+        began = time.perf_counter()
+        try:
+            result["tracing"] = tracing(suite)
+        except (LoadError, RuntimeError, OSError) as exc:
+            suite.notes.append(f"tracing phase failed: {exc!r:.400}")
+        mark("tracing", began)
         began = time.perf_counter()
         suite.unpin()
         result["classifier"] = classifier(suite)

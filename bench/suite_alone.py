@@ -1,7 +1,7 @@
 """The suite's slotgate-alone phases: a py-spy profile under the c=64 load, slot hand-off
 and memory per queued streaming request under saturation (on a gateway of its own over
-slotgate's simulator), classifier latency, and requests/s with Redis coordination for 1
-and 2 processes.
+slotgate's simulator), tracing's cost (off, sample ratio 1 and 0.1), classifier latency,
+and requests/s with Redis coordination for 1 and 2 processes.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from suite_load import LoadError, park_streams, run_wrk, summarise
 from suite_phases import LOAD_CPU, SHORT_TOKENS, SLOTGATE_KEY, WORK, Suite, chat_body
 from suite_profile import parse as parse_profile
 from suite_profile import summary as profile_summary
+from tracing_arms import SUITE_ARMS, Sink, run_rounds, start_arm
 
 Result = dict[str, Any]
 HELD_PROMPT = "Prove that there are infinitely many primes, with every step justified."
@@ -153,6 +154,37 @@ async def _queue_memory(suite: Suite, session: aiohttp.ClientSession, sim: Serve
             "rss_after_mib": rss1, "hwm_before_mib": hwm0, "hwm_after_mib": hwm1,
             "seconds_to_queue": queued_in_s, "time_limit_s": s.queue_seconds,
             "kib_per_request": (rss1 - rss0) * 1024 / depth if depth > 0 else None}
+
+
+def tracing(suite: Suite) -> Result | None:
+    """CPU per request with tracing off, on at sample ratio 1 and at 0.1: one gateway per
+    arm (the suite's slotgate config, exporting OTLP/HTTP to a sink in this process), wrk
+    at c=64 per arm and round in rotating order (bench/tracing_arms.py; the standalone,
+    longer bench/tracing_overhead.py adds the SDK exporter's arm)."""
+    if not suite.tools.wrk:
+        suite.notes.append("tracing phase skipped: needs wrk")
+        return None
+    s, fleet, mock = suite.scale, suite.fleet, suite.mock
+    assert mock is not None
+    load = {LOAD_CPU} if suite.pinned else None
+    body = chat_body(SHORT_TOKENS, stream=False)
+    with Sink() as sink:  # its thread starts on LOAD_CPU, as this thread is there
+        servers = {arm: start_arm(fleet, arm, mock.url, sink, SLOTGATE_KEY, log_level="INFO")
+                   for arm in SUITE_ARMS}
+        try:
+            rounds = run_rounds(suite.tools.wrk, servers, body, s.tracing_rounds,
+                                s.tracing_seconds, suite.place, load,
+                                lambda line: print(f"  tracing {line}", file=sys.stderr,
+                                                   flush=True))
+        finally:
+            for server in servers.values():  # before the sink: they flush into it
+                fleet.retire(server)
+        for row in rounds:
+            for arm in SUITE_ARMS:
+                if "error" in row.get(arm, {}):
+                    suite.notes.append(f"tracing {arm}: {row[arm]['error']}")
+    return {"rounds": rounds, "seconds": s.tracing_seconds,
+            "sink": {"exports": sink.exports, "bytes": sink.bytes}}
 
 
 def classifier(suite: Suite) -> Result | None:

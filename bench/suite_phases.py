@@ -45,6 +45,8 @@ class Scale:
     redis_seconds: int
     profile_seconds: int
     classifier_rounds: int
+    tracing_rounds: int  # the tracing arms (off, ratio 1, ratio 0.1), rotating order
+    tracing_seconds: int  # wrk per arm and round, after a 1 s warm-up
     concurrency: int = 64
     stream_clients: int = 16
     stream_chunks: int = 200
@@ -53,10 +55,12 @@ class Scale:
 
 FULL = Scale(rounds=4, c1_requests=1000, c1_seconds=2.5, wrk_seconds=5, stream_seconds=3.0,
              queued=10_000, queue_seconds=90.0, handoff_direct=2000, handoff_gateway=4000,
-             redis_rounds=3, redis_seconds=4, profile_seconds=8, classifier_rounds=500)
+             redis_rounds=3, redis_seconds=4, profile_seconds=8, classifier_rounds=500,
+             tracing_rounds=6, tracing_seconds=3)
 QUICK = Scale(rounds=1, c1_requests=300, c1_seconds=1.0, wrk_seconds=2, stream_seconds=1.0,
               queued=2000, queue_seconds=30.0, handoff_direct=400, handoff_gateway=800,
-              redis_rounds=1, redis_seconds=2, profile_seconds=3, classifier_rounds=100)
+              redis_rounds=1, redis_seconds=2, profile_seconds=3, classifier_rounds=100,
+              tracing_rounds=3, tracing_seconds=1)
 
 
 @dataclass

@@ -25,7 +25,9 @@ from suite_tables import (
     ratio_table,
     slotgate_table,
     table,
+    tracing_table,
 )
+from tracing_arms import summary as tracing_summary
 
 Result = dict[str, Any]
 DOC = REPO / "docs" / "BENCHMARKS.md"
@@ -102,11 +104,12 @@ def markdown(result: Result, fig: Result, chart: bool) -> str:
         "```sh",
         "make bench                                  # the whole suite "
         f"({result['elapsed_s'] / 60:.0f} min here), rewrites this",
-        ".venv/bin/python bench/suite.py --quick     # one short round, ~1.5 min, same output",
+        ".venv/bin/python bench/suite.py --quick     # one short round, ~2 min, same output",
         ".venv/bin/python bench/suite.py --render bench/.work/suite-X.json  # redo the doc",
         ".venv/bin/python bench/suite.py --no-doc --json out.json   # leave the docs alone",
         ".venv/bin/python bench/suite.py --no-litellm --no-nginx     # slotgate and direct only",
         "make bench-overhead                         # the older overhead-only bench",
+        ".venv/bin/python bench/tracing_overhead.py  # tracing's cost alone, longer, + SDK arm",
         "```",
         "",
         "`make bench` passes `--apt`: nginx and wrk are installed with apt-get when missing "
@@ -185,6 +188,8 @@ def markdown(result: Result, fig: Result, chart: bool) -> str:
         "request; the gap between one request's end and the next one's start behind "
         "`slots: 1` with 19 waiting, against one direct client's own turnaround.", "",
         *slotgate_table(result), "",
+        "### Tracing's cost", "",
+        *tracing_lines(result), "",
         "### The issue's targets", "",
         *table(["target", "limit", "measured (slotgate, median)", "met"],
                [[n, lim, val, "-" if ok is None else ("yes" if ok else "**no**")]
@@ -200,6 +205,31 @@ def markdown(result: Result, fig: Result, chart: bool) -> str:
         lines += ["### Skipped or failed this run", ""] + [f"- {n}" for n in notes] + [""]
     lines.append(END)
     return "\n".join(lines) + "\n"
+
+
+def tracing_lines(result: Result) -> list[str]:
+    """The tracing phase's method and table (or why there is none)."""
+    t = result.get("tracing")
+    if not t or not t.get("rounds"):
+        return ["Not measured in this run (the phase is newer than the run, was skipped or "
+                "failed: see the notes)."]
+    n = len(t["rounds"])
+    return [
+        "Three gateways of the slotgate config above (access log at INFO): tracing off; on "
+        "at `sample_ratio` 1; on at 0.1, each exporting OTLP/HTTP to a sink in the suite's "
+        "process (on CPU 1; it answers every export at once). "
+        f"{n} rounds in rotating order; per arm and round a 1 s warm-up, then "
+        f"`wrk -t1 -c64 -d{t['seconds']}s`"
+        + (" with the arm on CPU 0" if result.get("pinned") else " (not pinned)")
+        + ". CPU per request counts "
+        "every thread of the gateway (the BatchSpanProcessor's encoding and export "
+        "included). Raw figures: median (lowest to highest round). *vs off*: the arm's "
+        "figure over off's in the same round, then the median (range) of those ratios; "
+        "the target is judged on that median. `bench/tracing_overhead.py` is the longer "
+        f"version, with an arm on the SDK's exporter. The sink took {t['sink']['exports']:,} "
+        f"exports, {t['sink']['bytes'] / 1e6:.1f} MB of spans.", "",
+        *tracing_table(tracing_summary(t["rounds"])),
+    ]
 
 
 def update_doc(section: str, path: Path = DOC) -> None:
@@ -258,6 +288,10 @@ def print_terminal(result: Result, fig: Result) -> None:
     show(ratio_table(fig))
     print("\nslotgate alone:")
     show(slotgate_table(result))
+    print("\ntracing (CPU per request; vs off: ratios within each round, median and range):")
+    t = result.get("tracing")
+    show(tracing_table(tracing_summary(t["rounds"])) if t and t.get("rounds")
+         else ["  not measured in this run"])
     print("\ntargets:")
     for name, limit, value, ok in target_checks(result, fig):
         mark = "  -  " if ok is None else ("pass " if ok else "FAIL ")

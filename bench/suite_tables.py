@@ -167,3 +167,27 @@ def machine_lines(result: Result) -> list[str]:
         f"{m['wrk'] or 'wrk missing'}; {m['redis'] or 'redis-server missing'}",
     ]
 
+
+
+def _times(s: Result | None) -> str:
+    """A ratio to `off` with three decimals (a target's bound is x1.03)."""
+    if not s:
+        return "-"
+    if s["n"] <= 1:
+        return f"x{s['median']:.3f}"
+    return f"x{s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})"
+
+
+def tracing_table(arms: Result) -> list[str]:
+    """The tracing arms (bench/tracing_arms.py's summary): raw figures' medians and the
+    per-round ratios to off, with the issue's targets."""
+    rows = []
+    for arm, a in arms.items():
+        target = "-" if a["target"] is None else f"<= x{a['target']:.2f}"
+        met = "-" if a["met"] is None else ("met" if a["met"] else "**not met**")
+        rows.append([a["label"] + (f" ({a['errors']:,} errors)" if a["errors"] else ""),
+                     cell(a["rps"]), cell(a["cpu_us"]),
+                     "x1" if arm == "off" else _times(a["cpu_ratio"]),
+                     "x1" if arm == "off" else _times(a["rps_ratio"]), target, met])
+    return table(["arm", "requests/s", "CPU per request (us)", "CPU vs off",
+                  "requests/s vs off", "target (CPU)", "met"], rows)

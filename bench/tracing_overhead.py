@@ -2,129 +2,70 @@
 0.1, and on at 1 with the SDK's OTLP/HTTP exporter in place of slotgate's), each exporting
 OTLP/HTTP to a local sink, same run, interleaved rounds.
 
-    .venv/bin/python bench/tracing_overhead.py [--rounds 4] [--seconds 8]
+    .venv/bin/python bench/tracing_overhead.py [--rounds 8] [--seconds 4]
+                                               [--log-level warning]
 
 The config of `make bench` (auth, access log, SQLite ledger, a steering route) in front of
-the mock engine. Per round, in rotating order, for each arm: wrk at c=64 (requests/s,
-gateway CPU per request, the BatchSpanProcessor's exporting thread included). The sink
-(aiohttp, in this process, on the load CPU) answers every export at once and counts the
-spans' bytes. Prints medians, the rounds' spread and the ratios against `off`.
+the mock engine; at the default `--log-level warning` the access lines (INFO) are not
+written (the suite's tracing phase runs at INFO). Per round, in rotating order, for each
+arm: a 1 s warm-up, then wrk at c=64 (requests/s, gateway CPU per request, the
+BatchSpanProcessor's exporting thread included). The arm under test runs on CPU 0, the
+other arms, wrk, the mock and the sink (aiohttp, in this process; answers every export at
+once) on CPU 1. Prints each arm's medians and range over the rounds, and its ratios to
+`off` taken within each round, then their median and range (bench/tracing_arms.py). The
+suite (`make bench`) runs a shorter version without the SDK arm.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
 import shutil
-import statistics
 import sys
-import threading
 
-from ab import KEY, LOAD_CPU, SERVER_CPU, chat_body, pin
-from aiohttp import web
-from harness import HOST, REPO, free_port
-from peer_configs import MOCK_MODEL, slotgate_yaml
+from ab import KEY, LOAD_CPU, SERVER_CPU, chat_body
+from peer_configs import MOCK_MODEL
 from peers import Fleet, Server
-from suite_load import run_wrk
-
-# name: (sample ratio, the SDK's own OTLP/HTTP exporter instead of slotgate's)
-ARMS = {"off": (None, False), "ratio-1": (1.0, False), "ratio-0.1": (0.1, False),
-        "ratio-1-sdk": (1.0, True)}
-# The "-sdk" arm's boot: the SDK's exporter (and encoder), as before router.tracing.wire.
-SDK_EXPORTER = ("import router.tracing.otel as otel; "
-                "from opentelemetry.exporter.otlp.proto.http.trace_exporter import "
-                "OTLPSpanExporter; "
-                "otel.exporter = lambda c: OTLPSpanExporter(endpoint=c.otlp_endpoint + "
-                "'/v1/traces'); ")
-
-
-class Sink:
-    """An OTLP/HTTP endpoint that takes every export (200, nothing parsed)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.exports = self.bytes = 0
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(10)
-
-    def _run(self, ready: threading.Event) -> None:
-        async def traces(request: web.Request) -> web.Response:
-            self.bytes += len(await request.read())
-            self.exports += 1
-            return web.Response(content_type="application/x-protobuf")
-
-        async def serve() -> None:
-            app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_post("/v1/traces", traces)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, HOST, self.port).start()
-            ready.set()
-            await asyncio.Event().wait()
-
-        asyncio.run(serve())
-
-
-def start_arm(fleet: Fleet, name: str, mock: Server, ratio: float | None, sdk: bool,
-              sink: Sink) -> Server:
-    port = free_port()
-    config = fleet.dir / f"{name}.yaml"
-    tracing = ("" if ratio is None else
-               f"tracing: {{enabled: true, otlp_endpoint: 'http://{HOST}:{sink.port}', "
-               f"sample_ratio: {ratio}}}\n")
-    config.write_text(slotgate_yaml(port, {"primary": mock.url, "small": mock.url},
-                                    ledger=fleet.dir / f"{name}.sqlite3", key=KEY) + tracing)
-    boot = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-            + (SDK_EXPORTER if sdk else "") + "from router.cli import main; sys.exit(main())")
-    server = fleet.start(name, [sys.executable, "-c", boot, "serve", "--config", str(config),
-                                "--log-level", "warning"], f"http://{HOST}:{port}", "/readyz")
-    pin(server.popen.pid, SERVER_CPU)
-    return server
+from suite_tables import tracing_table
+from tracing_arms import ARMS, Sink, ratio_of_medians, run_rounds, start_arm, summary
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--log-level", default="warning", help="the gateways' log level")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
-    pin(0, LOAD_CPU)  # this process (the sink) beside the load, not the gateways
-    sink = Sink()
-    body = chat_body()
-    rows: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
-    with Fleet() as fleet:
+    pinned = len(os.sched_getaffinity(0)) >= 2
+    if pinned:  # this process (the sink's thread starts here) beside the load
+        os.sched_setaffinity(0, {LOAD_CPU})
+    with Sink() as sink, Fleet() as fleet:  # the gateways stop (and flush) first
         mock = fleet.mock()
-        pin(mock.popen.pid, LOAD_CPU)
-        servers = {arm: start_arm(fleet, arm, mock, ratio, sdk, sink)
-                   for arm, (ratio, sdk) in ARMS.items()}
-        for r in range(args.rounds):
-            arms = list(ARMS)
-            order = arms[r % len(arms):] + arms[:r % len(arms)]
-            for arm in order:
-                server = servers[arm]
-                url = server.url + "/v1/chat/completions"
-                run_wrk(wrk, url, body, f"Bearer {KEY}", 64, 1, {LOAD_CPU})  # warm
-                cpu0 = server.cpu_s()
-                out = run_wrk(wrk, url, body, f"Bearer {KEY}", 64, args.seconds, {LOAD_CPU})
-                row = {"rps": out["rps"], "errors": out["errors"],
-                       "cpu_us": (server.cpu_s() - cpu0) / out["requests"] * 1e6}
-                rows[arm].append(row)
-                print(f"round {r + 1} {arm:11}: {row['rps']:7.0f} req/s {row['cpu_us']:5.0f} "
-                      f"us/req, errors {row['errors']:.0f}", flush=True)
-    for key in ("rps", "cpu_us"):
-        base = statistics.median(r[key] for r in rows["off"])
-        for arm, got in rows.items():
-            mid = statistics.median(r[key] for r in got)
-            low, high = min(r[key] for r in got), max(r[key] for r in got)
-            print(f"{key:6} {arm:11} {mid:8.1f}  x{mid / base:.3f} of off  "
-                  f"(rounds {low:.1f}-{high:.1f})")
+        servers = {arm: start_arm(fleet, arm, mock.url, sink, KEY, log_level=args.log_level)
+                   for arm in ARMS}
+
+        def place(under_test: Server) -> None:
+            if pinned:
+                for server in fleet.servers:
+                    server.pin({LOAD_CPU})
+                under_test.pin({SERVER_CPU})
+
+        rounds = run_rounds(wrk, servers, chat_body(), args.rounds, args.seconds, place,
+                            {LOAD_CPU} if pinned else None, lambda line: print(line, flush=True))
+    print(f"\n{args.rounds} rounds of {args.seconds} s; medians (lowest to highest round); "
+          "the ratios to off taken within each round, then their median (range):\n")
+    for line in tracing_table(summary(rounds)):
+        print(line)
+    unpaired = ", ".join(f"{arm} x{r:.3f}" for arm in ARMS if arm != "off"
+                         if (r := ratio_of_medians(rounds, arm, "cpu_us")) is not None)
+    print(f"\nCPU per request, ratio of the medians (unpaired): {unpaired}")
     print(f"sink: {sink.exports} exports, {sink.bytes / 1e6:.1f} MB of spans")
     print(f"(model {MOCK_MODEL}; targets: CPU per request at most x1.15 of off at ratio 1, "
-          "x1.03 at 0.1)")
+          f"x1.03 at 0.1; {'pinned' if pinned else 'not pinned: fewer than 2 CPUs'})")
     return 0
 
 
