@@ -19,6 +19,7 @@ import statistics
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -33,18 +34,22 @@ Result = dict[str, Any]
 # name: (sample ratio, the SDK's own OTLP/HTTP exporter instead of slotgate's)
 ARMS: dict[str, tuple[float | None, bool]] = {
     "off": (None, False), "ratio-1": (1.0, False), "ratio-0.1": (0.1, False),
-    "ratio-1-sdk": (1.0, True)}
+    "ratio-1-sdk": (1.0, True), "ratio-1-base": (1.0, False), "ratio-0.1-base": (0.1, False)}
 SUITE_ARMS = ("off", "ratio-1", "ratio-0.1")
+BASE_ARMS = ("ratio-1-base", "ratio-0.1-base")  # served from another revision (--base)
 # The issue's targets: CPU per request at most this multiple of `off`'s.
 TARGETS = {"ratio-1": 1.15, "ratio-0.1": 1.03}
 LABELS = {"off": "off", "ratio-1": "ratio 1", "ratio-0.1": "ratio 0.1",
-          "ratio-1-sdk": "ratio 1, SDK encoder"}
-# The "-sdk" arm's boot: the SDK's exporter (and encoder), as before router.tracing.wire.
+          "ratio-1-sdk": "ratio 1, SDK encoder", "ratio-1-base": "ratio 1, base revision",
+          "ratio-0.1-base": "ratio 0.1, base revision"}
+# The "-sdk" arm's boot: the SDK's OTLP/HTTP exporter (and encoder) in place of
+# router.tracing.wire's, fed the SDK's ReadableSpans (as the gRPC exporter is).
 SDK_EXPORTER = ("import router.tracing.otel as otel; "
                 "from opentelemetry.exporter.otlp.proto.http.trace_exporter import "
                 "OTLPSpanExporter; "
-                "otel.exporter = lambda c: OTLPSpanExporter(endpoint=c.otlp_endpoint + "
-                "'/v1/traces'); ")
+                "otel.http_exporter = lambda c, attributes, scope: otel.SdkSpans("
+                "OTLPSpanExporter(endpoint=c.otlp_endpoint + '/v1/traces'), "
+                "otel.Resource(attributes)); ")
 CONCURRENCY = 64
 WARM_S = 1
 
@@ -101,8 +106,9 @@ class Sink:
 
 
 def start_arm(fleet: Fleet, name: str, mock_url: str, sink: Sink, key: str, *,
-              log_level: str = "warning") -> Server:
-    """`slotgate serve` of arm `name` (a key of ARMS), unpinned: the caller places it."""
+              log_level: str = "warning", repo: Path = REPO) -> Server:
+    """`slotgate serve` of arm `name` (a key of ARMS), from the code in `repo`, unpinned:
+    the caller places it."""
     ratio, sdk = ARMS[name]
     port = free_port()
     config = fleet.dir / f"tracing-{name}.yaml"
@@ -112,7 +118,7 @@ def start_arm(fleet: Fleet, name: str, mock_url: str, sink: Sink, key: str, *,
     config.write_text(slotgate_yaml(port, {"primary": mock_url, "small": mock_url},
                                     ledger=fleet.dir / f"tracing-{name}.sqlite3", key=key)
                       + tracing)
-    boot = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+    boot = (f"import sys; sys.path.insert(0, {str(repo)!r}); "
             + (SDK_EXPORTER if sdk else "") + "from router.cli import main; sys.exit(main())")
     server = fleet.start(f"tracing-{name}", [sys.executable, "-c", boot, "serve", "--config",
                                              str(config), "--log-level", log_level],

@@ -3,7 +3,7 @@
 OTLP/HTTP to a local sink, same run, interleaved rounds.
 
     .venv/bin/python bench/tracing_overhead.py [--rounds 8] [--seconds 4]
-                                               [--log-level warning]
+                                               [--log-level warning] [--base REV]
 
 The config of `make bench` (auth, access log, SQLite ledger, a steering route) in front of
 the mock engine; at the default `--log-level warning` the access lines (INFO) are not
@@ -12,8 +12,10 @@ arm: a 1 s warm-up, then wrk at c=64 (requests/s, gateway CPU per request, the
 BatchSpanProcessor's exporting thread included). The arm under test runs on CPU 0, the
 other arms, wrk, the mock and the sink (aiohttp, in this process; answers every export at
 once) on CPU 1. Prints each arm's medians and range over the rounds, and its ratios to
-`off` taken within each round, then their median and range (bench/tracing_arms.py). The
-suite (`make bench`) runs a shorter version without the SDK arm.
+`off` taken within each round, then their median and range (bench/tracing_arms.py). With
+`--base REV`, ratio 1 and 0.1 are also served from REV (a temporary git worktree): a
+change's before and after in one run. The suite (`make bench`) runs a shorter version
+without the SDK arm.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import os
 import shutil
 import sys
 
-from ab import KEY, LOAD_CPU, SERVER_CPU, chat_body
+from ab import KEY, LOAD_CPU, SERVER_CPU, chat_body, checkout
+from harness import REPO
 from peer_configs import MOCK_MODEL
 from peers import Fleet, Server
 from suite_tables import tracing_table
-from tracing_arms import ARMS, Sink, ratio_of_medians, run_rounds, start_arm, summary
+from tracing_arms import ARMS, BASE_ARMS, Sink, ratio_of_medians, run_rounds, start_arm, summary
 
 
 def main() -> int:
@@ -35,6 +38,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--log-level", default="warning", help="the gateways' log level")
+    parser.add_argument("--base", metavar="REV",
+                        help="also ratio 1 and 0.1 as served by REV (a git worktree): the "
+                             "before/after of a change, in the same run")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -43,10 +49,12 @@ def main() -> int:
     pinned = len(os.sched_getaffinity(0)) >= 2
     if pinned:  # this process (the sink's thread starts here) beside the load
         os.sched_setaffinity(0, {LOAD_CPU})
-    with Sink() as sink, Fleet() as fleet:  # the gateways stop (and flush) first
+    with (Sink() as sink, checkout(args.base) as base,
+          Fleet() as fleet):  # the gateways stop (and flush) first
         mock = fleet.mock()
-        servers = {arm: start_arm(fleet, arm, mock.url, sink, KEY, log_level=args.log_level)
-                   for arm in ARMS}
+        servers = {arm: start_arm(fleet, arm, mock.url, sink, KEY, log_level=args.log_level,
+                                  repo=base if arm in BASE_ARMS else REPO)
+                   for arm in ARMS if args.base or arm not in BASE_ARMS}
 
         def place(under_test: Server) -> None:
             if pinned:
@@ -60,7 +68,7 @@ def main() -> int:
           "the ratios to off taken within each round, then their median (range):\n")
     for line in tracing_table(summary(rounds)):
         print(line)
-    unpaired = ", ".join(f"{arm} x{r:.3f}" for arm in ARMS if arm != "off"
+    unpaired = ", ".join(f"{arm} x{r:.3f}" for arm in servers if arm != "off"
                          if (r := ratio_of_medians(rounds, arm, "cpu_us")) is not None)
     print(f"\nCPU per request, ratio of the medians (unpaired): {unpaired}")
     print(f"sink: {sink.exports} exports, {sink.bytes / 1e6:.1f} MB of spans")
