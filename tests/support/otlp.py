@@ -61,10 +61,18 @@ class Receiver:
         self.posts += 1
         if self.refuse:
             return web.Response(status=self.refuse.pop(0), headers={"Retry-After": "0"})
-        decoded = ExportTraceServiceRequest.FromString(body)
+        await self.take(ExportTraceServiceRequest.FromString(body), body,
+                        {k.lower(): v for k, v in request.headers.items()})
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                            content_type="application/x-protobuf")
+
+    async def take(self, decoded: ExportTraceServiceRequest, body: bytes,
+                   headers: dict[str, str]) -> None:
+        """Record one export (its spans, bytes and headers) and wake the waiters; shared
+        by the OTLP/HTTP route above and the OTLP/gRPC service (tests/support/otlp_grpc)."""
         async with self._arrived:
             self.bodies.append(body)
-            self.headers.append({k.lower(): v for k, v in request.headers.items()})
+            self.headers.append(headers)
             for resource in decoded.resource_spans:
                 service = str(_attrs(resource.resource.attributes).get("service.name"))
                 for scope in resource.scope_spans:
@@ -75,8 +83,6 @@ class Receiver:
                         [(e.name, _attrs(e.attributes)) for e in s.events], service)
                         for s in scope.spans]
             self._arrived.notify_all()
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
 
     async def wait_for(self, predicate: Callable[[list[Span]], bool],
                        within_s: float = 10.0) -> list[Span]:
