@@ -4,6 +4,7 @@ OTLP/HTTP to a local sink, same run, interleaved rounds.
 
     .venv/bin/python bench/tracing_overhead.py [--rounds 8] [--seconds 4]
                                                [--log-level warning] [--base REV]
+                                               [--arms off,ratio-1,...]
 
 The config of `make bench` (auth, access log, SQLite ledger, a steering route) in front of
 the mock engine; at the default `--log-level warning` the access lines (INFO) are not
@@ -38,10 +39,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--log-level", default="warning", help="the gateways' log level")
+    parser.add_argument("--arms", default=",".join(a for a in ARMS if a not in BASE_ARMS),
+                        help="which arms, comma-separated (off is always one; --base adds "
+                             "the base revision's)")
     parser.add_argument("--base", metavar="REV",
                         help="also ratio 1 and 0.1 as served by REV (a git worktree): the "
                              "before/after of a change, in the same run")
     args = parser.parse_args()
+    chosen = set(args.arms.split(","))
+    if not chosen <= set(ARMS):
+        parser.error(f"--arms: one of {', '.join(ARMS)}")
     wrk = shutil.which("wrk")
     if wrk is None:
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
@@ -54,7 +61,8 @@ def main() -> int:
         mock = fleet.mock()
         servers = {arm: start_arm(fleet, arm, mock.url, sink, KEY, log_level=args.log_level,
                                   repo=base if arm in BASE_ARMS else REPO)
-                   for arm in ARMS if args.base or arm not in BASE_ARMS}
+                   for arm in ARMS if arm == "off" or arm in chosen
+                   or (args.base and arm in BASE_ARMS)}
 
         def place(under_test: Server) -> None:
             if pinned:
