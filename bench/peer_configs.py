@@ -18,14 +18,18 @@ def key_sha256(key: str) -> str:
 
 def slotgate_yaml(port: int, backends: Mapping[str, str], *, ledger: Path,
                   key: str, extra_backends: str = "", extra_routes: str = "",
-                  coordination: str = "") -> str:
+                  coordination: str = "", connections: int | None = None) -> str:
     """The production-like config: auth (one key), access log, ledger (SQLite), metrics
     (always on), and a route whose simple requests may go to a second backend while the
     primary is saturated (`fallback.when: saturated`: the classifier is loaded and runs
-    for every request that would wait). Slots are not the limit (1024)."""
+    for every request that would wait). Slots are not the limit (1024). `connections`:
+    the open connections allowed, in all and from one client (the load comes from one
+    address), where a phase holds more than the defaults (10,000 and 256)."""
     primary, small = backends["primary"], backends["small"]
     price = "price: {input_per_mtok: 1.0, output_per_mtok: 2.0}"
-    return f"""server: {{host: {HOST}, port: {port}, shutdown_timeout_s: 2}}
+    limits = ("" if connections is None else
+              f", max_connections: {connections}, max_connections_per_client: {connections}")
+    return f"""server: {{host: {HOST}, port: {port}, shutdown_timeout_s: 2{limits}}}
 logging: {{access: true}}
 auth:
   enabled: true

@@ -85,7 +85,8 @@ async def saturation(suite: Suite, session: aiohttp.ClientSession) -> Result:
     config = slotgate_yaml(port, {"primary": sim.url, "small": sim.url},
                            ledger=fleet.dir / "ledger-saturation.sqlite3",
                            key=SLOTGATE_KEY, extra_backends=extra_backends,
-                           extra_routes=extra_routes)
+                           extra_routes=extra_routes,
+                           connections=s.queued + 1000)  # (all from this one address)
     gw = fleet.slotgate("slotgate-saturation", config, port, SLOTGATE_KEY)
     suite.place(gw)
     out: Result = {"handoff": await _handoff(suite, session, sim, gw)}
