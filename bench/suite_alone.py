@@ -255,7 +255,8 @@ async def redis(suite: Suite) -> Result | None:
 
 
 async def _queue_depth(session: aiohttp.ClientSession, gw: Server, backend: str) -> int:
-    async with session.get(gw.url + "/metrics") as resp:
+    async with session.get(gw.url + "/metrics", headers={"Authorization": gw.auth}) as resp:
+        resp.raise_for_status()  # (with auth on, /metrics asks for a key too)
         text = (await resp.read()).decode()
     needle = f'llm_queue_depth_gauge{{backend="{backend}"}} '
     for line in text.splitlines():

@@ -26,7 +26,7 @@ from tests.support import (
     sim_backend,
     wait_pools,
 )
-from tests.support.otlp import Receiver, Span, one, receiver
+from tests.support.otlp import Receiver, Span, one, receiver, traced
 
 PROMPT = "Translate into French: 'The meeting is moved to Thursday afternoon.'"
 HARD = "Write a Python function that parses an ISO 8601 duration into seconds, with tests."
@@ -42,11 +42,6 @@ async def otlp(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Receiver]:
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
     async with receiver() as got:
         yield got
-
-
-def traced(raw: dict[str, Any], otlp: Receiver, **tracing: Any) -> dict[str, Any]:
-    raw["tracing"] = {"enabled": True, "otlp_endpoint": otlp.url, **tracing}
-    return raw
 
 
 async def ask(sdk: SdkClients, gw: RunningGateway, rid: str, prompt: str = PROMPT,

@@ -5,7 +5,6 @@ loopback, which decodes the spans with the official protobuf bindings."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -20,7 +19,7 @@ from tests.support import (
     gateway_config,
     sim_backend,
 )
-from tests.support.otlp import Receiver, one
+from tests.support.otlp import Receiver, one, traced
 from tests.support.otlp_grpc import grpc_receiver
 
 PROMPT = "Translate into French: 'The meeting is moved to Thursday afternoon.'"
@@ -34,18 +33,13 @@ async def otlp(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Receiver]:
         yield got
 
 
-def traced(raw: dict[str, Any], otlp: Receiver, **tracing: Any) -> dict[str, Any]:
-    raw["tracing"] = {"enabled": True, "protocol": "grpc", "otlp_endpoint": otlp.url,
-                      **tracing}
-    return raw
-
-
 async def test_a_request_is_exported_over_grpc_with_its_spans_headers_and_service(
     otlp: Receiver, start: StartGateway, sdk: SdkClients, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OTLP_GRPC_HEADERS", "Authorization=Bearer%20s3cret,x-tenant=ops")
     gw = await start(traced(gateway_config(sim_backend("llama-70b", slots=1)), otlp,
-                            headers_env="OTLP_GRPC_HEADERS", service_name="edge-grpc"))
+                            protocol="grpc", headers_env="OTLP_GRPC_HEADERS",
+                            service_name="edge-grpc"))
     reply = await sdk(gw).chat.completions.with_raw_response.create(
         model="chat", messages=[{"role": "user", "content": PROMPT}], max_tokens=8,
         extra_headers={"X-Request-Id": "over-grpc"})

@@ -105,6 +105,12 @@ class Receiver:
         return self.trace(request_id)
 
 
+def traced(raw: dict[str, Any], otlp: Receiver, **tracing: Any) -> dict[str, Any]:
+    """A gateway config `raw`, tracing to `otlp` (more of the section in `tracing`)."""
+    raw["tracing"] = {"enabled": True, "otlp_endpoint": otlp.url, **tracing}
+    return raw
+
+
 def one(spans: list[Span], name: str) -> Span:
     (found,) = [s for s in spans if s.name == name]
     return found
