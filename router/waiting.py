@@ -126,7 +126,8 @@ def classify(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Request
         )
         rec.intent, rec.p_simple = ex.facts.intent, round(ex.facts.p_simple, 4)
         if ex.trace is not None:
-            ex.trace.classified(began, ex.facts.intent, ex.facts.p_simple)
+            ex.trace.classified(began, ex.facts.intent, ex.facts.p_simple,
+                                qualifies(ex.facts.intent, ex.facts.p_simple, route.fallback))
     return ex.facts
 
 

@@ -127,6 +127,7 @@ async def test_a_queued_request_moved_to_the_fallback_shows_its_wait_and_verdict
     assert {parent(spans, s).span_id for s in (classify, queue, upstream)} == {server.span_id}
     assert classify.attributes["slotgate.intent"] == "translate"
     assert 0 <= classify.attributes["slotgate.p_simple"] <= 1
+    assert classify.attributes["slotgate.verdict"] == "simple"
     assert queue.attributes["slotgate.backend"] == "big"
     assert queue.attributes["slotgate.queue.position"] == 1
     assert queue.attributes["slotgate.queue.outcome"] == "moved"

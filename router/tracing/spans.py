@@ -111,13 +111,15 @@ class RequestTrace:
             {"slotgate.backend": pool, "slotgate.queue.position": position,
              "slotgate.queue.outcome": outcome, "slotgate.queue.wait_ms": round(wait_ms, 3)}))
 
-    def classified(self, began: float, intent: str, p_simple: float) -> None:
-        """The classifier's verdict (never the text it read)."""
+    def classified(self, began: float, intent: str, p_simple: float, simple: bool) -> None:
+        """The classifier's verdict (never the text it read): `simple` if the route lets
+        it go to the small model (whether it goes then depends on the load)."""
         if self.recording:
             self.children.append(SpanFacts(
                 "slotgate.classify", self.tracer.span_id(), self.span_id, INTERNAL,
                 self.ns(began), time.time_ns(),
-                {"slotgate.intent": intent, "slotgate.p_simple": round(p_simple, 4)}))
+                {"slotgate.intent": intent, "slotgate.p_simple": round(p_simple, 4),
+                 "slotgate.verdict": "simple" if simple else "hard"}))
 
     def attempt(self, backend: str, replica: str, address: str, port: int,
                 model: str) -> dict[str, str]:
