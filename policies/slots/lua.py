@@ -146,6 +146,20 @@ local function purge(now, channel, gone)
   end
 end
 
+-- A full line's room for a newcomer of class `rank`: the newest sheddable waiter, if the
+-- newcomer outranks it, leaves the line marked shed (for `ttl`); true if one did.
+-- `leave` (a fair pool's) is told of it first.
+local function shed_for(rank, now, ttl, leave)
+  if rank >= 2 then return false end
+  local victim = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', SHED_FLOOR, 'LIMIT', 0, 1)[1]
+  if victim == nil then return false end
+  if leave then leave(victim) end
+  redis.call('ZREM', KEYS[2], victim)
+  redis.call('ZREM', KEYS[3], victim)
+  redis.call('ZADD', KEYS[9], now + ttl, victim)
+  return true
+end
+
 local function grant(id, now, ttl, replica)
   local token = redis.call('INCR', KEYS[5])
   redis.call('ZADD', KEYS[1], now + ttl, id)
@@ -222,16 +236,9 @@ purge(now, ARGV[4])
 local s = state()
 local kind = nil
 if s[3] >= tonumber(ARGV[1]) then
-  local victim = {}
-  if rank < 2 then
-    victim = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', SHED_FLOOR, 'LIMIT', 0, 1)
-  end
-  if #victim == 0 then
+  if not shed_for(rank, now, ttl) then
     return {0, s[1], s[2], s[3], s[4], s[5]}
   end
-  redis.call('ZREM', KEYS[2], victim[1])
-  redis.call('ZREM', KEYS[3], victim[1])
-  redis.call('ZADD', KEYS[9], now + ttl, victim[1])
   kind = 'shed'
 end
 local seq = redis.call('INCR', KEYS[4])

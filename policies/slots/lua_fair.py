@@ -65,17 +65,9 @@ purge(now, ARGV[4], forget)
 local s = state()
 local kind = nil
 if s[3] >= tonumber(ARGV[1]) then
-  local victim = {}
-  if rank < 2 then
-    victim = redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', SHED_FLOOR, 'LIMIT', 0, 1)
-  end
-  if #victim == 0 then
+  if not shed_for(rank, now, ttl, unline) then
     return {0, s[1], s[2], s[3], s[4], s[5]}
   end
-  unline(victim[1])
-  redis.call('ZREM', KEYS[2], victim[1])
-  redis.call('ZREM', KEYS[3], victim[1])
-  redis.call('ZADD', KEYS[9], now + ttl, victim[1])
   kind = 'shed'
 end
 local tenants, counts = backlog()
