@@ -126,13 +126,13 @@ class _Handler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._force_close:  # closing, or refused: what the client still sends is dropped
             return
+        if not data:  # aiohttp resuming its parser once a body was read: no byte from the
+            self._parse(data)  # client, so no head began (its deadline must not start)
+            return
         if self._head_bytes < 0:  # after a head: a body, then the next request's head
             body = self._body
             if body is not None and not body.is_eof():
-                parsed = self._request_count
-                super().data_received(data)
-                if self._request_count != parsed:  # pipelined heads after the body's end
-                    self._heads_complete(self._request_count - parsed)
+                self._parse(data)  # and any pipelined heads after the body's end
                 return
             self._head_bytes = 0
             self._guard.head_started(self)
@@ -144,12 +144,17 @@ class _Handler(RequestHandler):
             elif not self._force_close:
                 self._refuse(self._guard.head_too_large)
             return
+        if not self._parse(data):
+            self._head_bytes += len(data)
+
+    def _parse(self, data: bytes) -> bool:
+        """Feed aiohttp's parser; whether a request head ended in what it parsed."""
         parsed = self._request_count
         super().data_received(data)
-        if self._request_count != parsed:
-            self._heads_complete(self._request_count - parsed)
-        else:
-            self._head_bytes += len(data)
+        if self._request_count == parsed:
+            return False
+        self._heads_complete(self._request_count - parsed)
+        return True
 
     def _heads_complete(self, count: int) -> None:
         self._head_bytes = -1

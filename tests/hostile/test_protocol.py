@@ -135,7 +135,7 @@ async def test_a_half_closed_client_still_gets_its_answer(
 
 
 async def test_a_queued_client_that_closes_frees_its_place(start: StartGateway) -> None:
-    raw = config()
+    raw = config(keepalive_timeout_s=1)  # the first's connection closes soon after its answer
     raw["backends"]["big"] = sim_backend("m", slots=1, queue_limit=4, queue_timeout_s=300)
     gw = await start(raw)
     sim = engine(gw)
