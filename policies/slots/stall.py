@@ -50,18 +50,18 @@ class StallClock:
         loop = asyncio.get_running_loop()
         start, stalled = loop.time(), self.stalled_s
         async with asyncio.timeout(None) as timeout:
+            handle: list[asyncio.TimerHandle] = []
 
             def check() -> None:
-                nonlocal handle
                 now = loop.time()
                 due = start + budget_s + (self.stalled_s - stalled)
                 if now < due and now < start + cap_s:  # the loop stalled meanwhile
-                    handle = loop.call_at(min(due, start + cap_s), check)
+                    handle[0] = loop.call_at(min(due, start + cap_s), check)
                 else:
                     timeout.reschedule(now)  # expires now
 
-            handle = loop.call_at(start + budget_s, check)
+            handle.append(loop.call_at(start + budget_s, check))
             try:
                 yield
             finally:
-                handle.cancel()
+                handle[0].cancel()
