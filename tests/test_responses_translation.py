@@ -15,7 +15,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from router.apis.responses_answer import Echo, to_response
-from router.apis.responses_request import Unsupported, to_chat
+from router.apis.responses_request import to_chat
+from router.apis.responses_tools import Unsupported
 from router.apis.responses_stream import ResponseStream
 from router.sse import Usage
 from tests.support.responses import (
@@ -55,7 +56,7 @@ def chat(**fields: Any) -> dict[str, Any]:
          "type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}})),
 ])
 def test_request_fields(fields: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert to_chat({"model": "chat", **fields}) == expected
+    assert to_chat({"model": "chat", **fields}).body == expected
 
 
 @pytest.mark.parametrize(("items", "expected"), [
@@ -85,14 +86,14 @@ def test_request_fields(fields: dict[str, Any], expected: dict[str, Any]) -> Non
      [{"role": "user", "content": "hi"}]),
 ])
 def test_input_items(items: Any, expected: Any) -> None:
-    assert to_chat({"model": "chat", "input": items})["messages"] == expected
+    assert to_chat({"model": "chat", "input": items}).body["messages"] == expected
 
 
 def test_reasoning_to_carry_is_no_server_data() -> None:
     """Codex asks for its reasoning back with store: false; a chat engine has none."""
     asked = {"model": "chat", "input": "hi", "store": False,
              "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}}
-    assert to_chat(asked) == chat(messages=[{"role": "user", "content": "hi"}])
+    assert to_chat(asked).body == chat(messages=[{"role": "user", "content": "hi"}])
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -105,8 +106,8 @@ def test_reasoning_to_carry_is_no_server_data() -> None:
     ({"include": ["reasoning.encrypted_content", "web_search_call.action.sources"]},
      "include"),
     ({"include": "x"}, "include"),
-    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools"),
-    ({"tools": [{"type": "computer_use_preview"}]}, "tools"),
+    ({"tools": [{"type": "hosted_by_nobody"}]}, "tools"),
+    ({"tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "mcp"}]}]}, "tools"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"input": [{"type": "item_reference", "id": "msg_0"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
@@ -181,7 +182,7 @@ def conversations(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=200, deadline=None)
 @given(conversations())
 def test_a_conversation_round_trips(conversation: dict[str, Any]) -> None:
-    assert to_chat(responses_of(conversation)) == conversation
+    assert to_chat(responses_of(conversation)).body == conversation
 
 
 @st.composite
