@@ -16,8 +16,8 @@ from pydantic import TypeAdapter
 
 from router.apis.responses_answer import Echo, to_response
 from router.apis.responses_request import to_chat
-from router.apis.responses_tools import Unsupported
 from router.apis.responses_stream import ResponseStream
+from router.apis.responses_tools import Unsupported
 from router.sse import Usage
 from tests.support.responses import (
     WEATHER,
