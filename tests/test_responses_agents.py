@@ -43,16 +43,18 @@ APPLY_PATCH: Any = {"type": "custom", "name": "apply_patch", "description": "Edi
                                "definition": "start: \"*** Begin Patch\" /(.|\\n)*/"}}
 HOSTED: Any = [{"type": "web_search", "external_web_access": False},
                {"type": "image_generation", "output_format": "png"}]
-# What Codex sends besides `input` and `tools` (codex-rs: ResponsesApiRequest).
+# What Codex 0.171 sends besides `input` and `tools` (its request body, less the prompts;
+# `text.verbosity` it adds for models that have it).
 CODEX_FIELDS: Any = {
     "instructions": "You are a coding agent.", "tool_choice": "auto",
-    "parallel_tool_calls": True, "reasoning": {"effort": "medium", "summary": "auto"},
+    "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
     "store": False, "include": ["reasoning.encrypted_content"],
-    "prompt_cache_key": "0199a1b2-c3d4", "text": {"verbosity": "medium"},
+    "prompt_cache_key": "01a237e7-20aa", "text": {"verbosity": "medium"},
+    "client_metadata": {"session_id": "01a237e7-20aa", "turn_id": "01a237e7-20c7"},
 }
-USER: Any = [{"type": "message", "role": "developer",
+USER: Any = [{"type": "message", "id": "msg_1", "role": "developer",
               "content": [{"type": "input_text", "text": "<permissions>...</permissions>"}]},
-             {"type": "message", "role": "user",
+             {"type": "message", "id": "msg_2", "role": "user",
               "content": [{"type": "input_text", "text": "say hello"}]}]
 
 
@@ -158,7 +160,8 @@ async def test_the_engine_sees_flat_function_tools_only(
     assert "lark grammar" in body["tools"][1]["function"]["description"]
     assert body["messages"][0] == {"role": "system", "content": "You are a coding agent."}
     assert body["tool_choice"] == "auto" and body["parallel_tool_calls"] is True
-    for field in ("reasoning", "include", "store", "prompt_cache_key", "text"):
+    for field in ("reasoning", "include", "store", "prompt_cache_key", "text",
+                  "client_metadata"):
         assert field not in body
     await assert_idle(gw)
 
