@@ -50,7 +50,9 @@ CODEX_FIELDS: Any = {
     "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
     "store": False, "include": ["reasoning.encrypted_content"],
     "prompt_cache_key": "01a237e7-20aa", "text": {"verbosity": "medium"},
-    "client_metadata": {"session_id": "01a237e7-20aa", "turn_id": "01a237e7-20c7"},
+    # not a parameter of the SDK's: sent as Codex does, in the body
+    "extra_body": {"client_metadata": {"session_id": "01a237e7-20aa",
+                                       "turn_id": "01a237e7-20c7"}},
 }
 USER: Any = [{"type": "message", "id": "msg_1", "role": "developer",
               "content": [{"type": "input_text", "text": "<permissions>...</permissions>"}]},
