@@ -23,6 +23,7 @@ from router import dispatch
 from router.apis.anthropic import ANTHROPIC
 from router.apis.anthropic_endpoints import count_tokens, model_list
 from router.apis.dialect import OPENAI
+from router.apis.responses_socket import responses_socket
 from router.assembly import add_backend, health_check, replica_check, wire_routes
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
@@ -62,6 +63,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_post("/v1/responses", partial(dispatch.handle, endpoint=Endpoint.RESPONSES),
                         expect_handler=expect_continue)
+    app.router.add_get("/v1/responses", responses_socket)  # WebSocket mode: 426, logged
     app.router.add_post("/v1/embeddings", partial(dispatch.handle, endpoint=Endpoint.EMBEDDINGS),
                         expect_handler=expect_continue)
     app.router.add_get("/v1/models", _models)

@@ -91,7 +91,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         if endpoint is Endpoint.RESPONSES:  # passed through, or translated to chat
             dialect = exchange.dialect = dialect_for(raw, config)
         parsed = exchange.parsed = dialect.parse(raw, endpoint, config.server)
-        rec.stream = parsed.stream
+        rec.stream, rec.dropped_tools = parsed.stream, parsed.dropped_tools
         route = config.routes.get(parsed.model)
         if route is None:
             raise ApiError(404, f"The model '{parsed.model}' does not exist.",

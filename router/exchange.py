@@ -107,6 +107,8 @@ class Exchange:
         if rec.arm is not None and rec.experiment is not None:
             out["x-slotgate-experiment"] = rec.experiment
             out["x-slotgate-arm"] = rec.arm
+        if rec.dropped_tools is not None:  # what the engine was not shown (Responses)
+            out["x-slotgate-dropped-tools"] = rec.dropped_tools
         return out
 
     def prefer(self, backend: Backend, parsed: ParsedRequest) -> tuple[str, ...]:

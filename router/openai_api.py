@@ -106,6 +106,7 @@ class ParsedRequest:
     max_tokens: int | None
     raw: bytes = b""  # the body as received, for cheap size estimates
     queue_events: bool = False  # body asked for named queue events: slotgate.queue_events
+    dropped_tools: str | None = None  # tools a translation left out (comma-separated types)
 
 
 async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | None = None,

@@ -73,6 +73,7 @@ class RequestRecord:
     tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
     phase: Phase = Phase.ADMISSION
     disconnect: Phase | None = None
+    dropped_tools: str | None = None  # hosted tools a Responses translation left out
 
 
 def new_id() -> str:
