@@ -51,6 +51,13 @@ _APIS = {Endpoint.CHAT: Api.CHAT, Endpoint.COMPLETIONS: Api.COMPLETIONS,
          Endpoint.RESPONSES: Api.RESPONSES}
 
 
+# `x-should-retry` by status: false where no retry can help, true where one will (a 429 or
+# 503 also says when, in Retry-After). 408 and 409 are left to the client's own rule.
+_SHOULD_RETRY = {status: "false" for status in (400, 401, 403, 404, 405, 406, 411, 413, 415,
+                                                 422, 426, 431, 501)}
+_SHOULD_RETRY.update({429: "true", 503: "true"})
+
+
 @dataclass(eq=False)
 class ApiError(Exception):
     status: int
@@ -60,6 +67,13 @@ class ApiError(Exception):
     param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     close: bool = False  # close the connection after this answer
+
+    def __post_init__(self) -> None:
+        # The official SDKs (and the agents on them) retry 401s, 404s... unless told not
+        # to: a wrong key otherwise keeps a client retrying for minutes.
+        should_retry = _SHOULD_RETRY.get(self.status)
+        if should_retry is not None and "x-should-retry" not in self.headers:
+            self.headers["x-should-retry"] = should_retry
 
     def body(self) -> dict[str, Any]:
         return {

@@ -62,4 +62,4 @@ def _declined(request: web.Request) -> ApiError:
                         code="method_not_allowed", headers={"Allow": "POST"})
     return ApiError(426, "The Responses API's WebSocket mode is not served by this "
                     "gateway: POST /v1/responses (with \"stream\": true for events).",
-                    code="websocket_not_supported", headers={"x-should-retry": "false"})
+                    code="websocket_not_supported")

@@ -42,8 +42,9 @@ _CLASSES = frozenset(Priority)  # the values a client may name in x-slotgate-pri
 
 def presented_key(request: web.BaseRequest) -> str:
     """The key a request presents: `Authorization: Bearer KEY` (OpenAI's) or `x-api-key:
-    KEY` (Anthropic's); "" for none. Two keys that differ are refused (400), never read
-    as "the first wins"."""
+    KEY` (Anthropic's); "" for none. Keys that differ are refused, never read as "the
+    first wins": two headers of one name are a 400, the two names with different keys a
+    401 naming both (the same key in both is that key)."""
     given = request.headers.getall("Authorization", ())
     other = request.headers.getall("x-api-key", ())
     if len(given) > 1 or len(other) > 1:  # two proxies or clients may disagree on which
@@ -54,9 +55,10 @@ def presented_key(request: web.BaseRequest) -> str:
     if not other:
         return bearer
     key = other[0].strip()
-    if given and bearer != key:
-        raise ApiError(400, "Both Authorization and x-api-key were sent, with different "
-                       "keys; send one.", code="duplicate_authorization")
+    if given and bearer != key:  # agreeing, the two are one key (some clients send both)
+        raise ApiError(401, "The 'Authorization: Bearer' and 'x-api-key' headers carry "
+                       "different keys; send one key (in either header, or the same in "
+                       "both).", code="duplicate_authorization")
     return key
 
 
