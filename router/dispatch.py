@@ -23,7 +23,7 @@ from policies import fallback
 from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
 from policies.breaker import Blame
-from policies.config import FallbackWhen, RouteConfig, RouteFallbackConfig
+from policies.config import FallbackWhen, RouteConfig, RouteFallbackConfig, SystemMessages
 from policies.failures import FailureKind
 from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
@@ -331,7 +331,9 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
     elif parsed.stream and ex.wants_events(parsed):
         preamble = start  # said right after the headers, before the first chunk
     attempt = Attempt(
-        ex.request, upstream, parsed.endpoint, upstream_body(parsed, upstream.config.model),
+        ex.request, upstream, parsed.endpoint, upstream_body(
+            parsed, upstream.config.model,
+            upstream.config.system_messages is SystemMessages.FOLD),
         parsed.stream, strip_usage=parsed.stream and not parsed.wants_usage,
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,

@@ -24,6 +24,7 @@ from policies.config.backends import (
     RatesHint,
     SignalsConfig,
     SimulatedSpec,
+    SystemMessages,
     target_problem,
 )
 from policies.config.base import (
@@ -102,6 +103,7 @@ __all__ = [
     "SimulatedSpec",
     "SloConfig",
     "StrictModel",
+    "SystemMessages",
     "TracingConfig",
     "check_experiments",
     "cross_check",
