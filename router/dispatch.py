@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -126,7 +127,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.status, rec.error = err.status, err.code
         return await exchange.fail(err)
     except ApiError as err:
-        rec.status, rec.error = err.status, err.code
+        refused(rec, err, exchange.parsed, config.routes)
         return await exchange.fail(err)
     except (ClientGone, ConnectionResetError):
         rec.disconnect, rec.status = rec.phase, CLIENT_CLOSED
@@ -361,3 +362,14 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
             rec.phase = Phase.STREAMING
         if attempt.status == 200:  # the backend took the request and began to answer
             count_tokens(rec, parsed, attempt.usage)
+
+
+def refused(rec: RequestRecord, err: ApiError, parsed: ParsedRequest | None,
+            routes: Mapping[str, RouteConfig]) -> None:
+    """A refusal's facts for its log line: its code (the error's type where it has none),
+    the field at fault, and the route once the model named one."""
+    rec.status, rec.error, rec.param = err.status, err.code or err.type, err.param
+    if rec.route is None:
+        model = parsed.model if parsed is not None else err.model
+        if model is not None and model in routes:
+            rec.route = model

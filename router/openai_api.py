@@ -67,6 +67,7 @@ class ApiError(Exception):
     param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     close: bool = False  # close the connection after this answer
+    model: str | None = None  # the model the refused request named, once read (the log's)
 
     def __post_init__(self) -> None:
         # The official SDKs (and the agents on them) retry 401s, 404s... unless told not

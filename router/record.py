@@ -58,6 +58,7 @@ class RequestRecord:
     stream: bool = False
     status: int = 0
     error: str | None = None
+    param: str | None = None  # the request field a refusal names
     queue_wait_ms: float = 0.0
     slot_at: float | None = None  # perf_counter when the slot was granted
     slot_ms: float = 0.0  # how long the slot was held

@@ -5,6 +5,7 @@ gets one leading system message instead (for chat templates that allow no other)
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anthropic
@@ -37,9 +38,9 @@ def _engine(seen: list[dict[str, Any]]) -> web.Application:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         chunks: tuple[dict[str, Any], ...] = (
-                      {"choices": [{"index": 0, "delta": message, "finish_reason": None}]},
-                      {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-                      {"choices": [], "usage": usage})
+            {"choices": [{"index": 0, "delta": message, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": usage})
         for chunk in chunks:
             whole = {"id": "c", "object": "chat.completion.chunk", "created": 0,
                      "model": body["model"], **chunk}
@@ -107,5 +108,28 @@ async def test_a_system_turn_that_is_not_text_is_refused_in_anthropics_shape(
                                          messages=[MESSAGES[0], not_text])
     assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert "messages.1.content.0" in refused.value.message
+    assert seen == []
+    await assert_idle(gw)
+
+
+async def test_refusals_are_logged_with_code_route_and_field(
+    aiohttp_server: Any, claude: AnthropicClients, start: StartGateway,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[dict[str, Any]] = []
+    gw = await _gateway(aiohttp_server, start, seen)
+    caplog.set_level(logging.INFO, "slotgate.access")
+    document: Any = {"role": "user", "content": [{"type": "document", "source": {}}]}
+    for model in ("llama-70b", "nope"):
+        with pytest.raises(anthropic.BadRequestError):
+            await claude(gw).messages.create(model=model, max_tokens=64, messages=[document])
+    with pytest.raises(anthropic.NotFoundError):
+        await claude(gw).messages.create(model="nope", max_tokens=64, messages=MESSAGES)
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records
+             if r.name == "slotgate.access"]
+    assert [(line["status"], line["error"], line["route"], line["param"]) for line in lines] == [
+        (400, "invalid_request_error", "llama-70b", "messages"),  # the route it named
+        (400, "invalid_request_error", None, "messages"),  # no such route: none logged
+        (404, "model_not_found", None, "model")]
     assert seen == []
     await assert_idle(gw)

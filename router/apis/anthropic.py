@@ -52,7 +52,9 @@ def parse_messages(raw: bytes, limits: ServerConfig, *, count_only: bool = False
     try:
         return body, to_chat(body, count_only=count_only)
     except Unsupported as exc:
-        raise invalid(exc.message, exc.param) from None
+        err = invalid(exc.message, exc.param)
+        err.model = body["model"] if isinstance(body.get("model"), str) else None
+        raise err from None
 
 
 class MessagesTranslation:

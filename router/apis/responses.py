@@ -64,7 +64,10 @@ class ResponsesDialect(Dialect):
         try:
             chat = to_chat(body, self.refuse_hosted)
         except Unsupported as exc:
-            raise invalid(exc.message, exc.param) from None
+            err = invalid(exc.message, exc.param)
+            model = body.get("model")
+            err.model = model if isinstance(model, str) else None
+            raise err from None
         parsed = parse_request(orjson.dumps(chat.body), Endpoint.CHAT, limits)
         parsed.raw = raw
         parsed.dropped_tools = ",".join(chat.dropped) or None
