@@ -161,14 +161,18 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         objective.settle(rec, gw.metrics)
-        settle(gw, rec, gw.keyring.enabled, failed, exchange.quota)
+        logs = config.logging
+        left_out = gw.key_refusals.admit(rec, logs.refusals_per_key_s)  # None: not written
+        settle(gw, rec, gw.keyring.enabled, failed, exchange.quota, left_out is not None)
         if exchange.trace is not None:
             exchange.trace.end(rec, None if exchange.parsed is None
                                else exchange.parsed.max_tokens)
-        logs = config.logging
-        if logs.access and log.isEnabledFor(logging.INFO):
+        if logs.access and left_out is not None and log.isEnabledFor(logging.INFO):
             if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
                 log_refused(log, gw.refusals, rec, logs.refusal_interval_s)
+            elif left_out:  # a key's refusals left out before this one
+                log.info(orjson.dumps({**orjson.loads(orjson.dumps(rec)),
+                                       "suppressed": left_out}).decode())
             elif logs.content and exchange.parsed is not None:  # the operator asked for it
                 line = {**orjson.loads(orjson.dumps(rec)),
                         "prompt": request_text(exchange.parsed.body)}

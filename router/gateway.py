@@ -22,7 +22,7 @@ from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
 from router.ledger.base import Ledger
 from router.openai_api import ApiError
-from router.request.access_log import LogSampler
+from router.request.access_log import KeyRefusals, LogSampler
 from router.request.auth import Keyring
 from router.request.body import InflightBodies
 from router.request.rejections import rejection
@@ -65,6 +65,7 @@ class Gateway:
     metrics: Metrics = field(default_factory=Metrics)
     tracer: Tracer | None = None  # tracing.enabled: spans of every request (at startup)
     refusals: LogSampler = field(default_factory=LogSampler)  # access lines of unknown callers
+    key_refusals: KeyRefusals = field(default_factory=KeyRefusals)  # a valid key's refusals
 
     def __post_init__(self) -> None:
         self.replica_health = ReplicaHealth(self.health)
