@@ -30,7 +30,7 @@ def embedded(ledger: Path, auth: bool = False) -> dict[str, Any]:
     raw["ledger"] = {"path": str(ledger)}
     raw.setdefault("logging", {})["refusal_interval_s"] = 0  # every refusal is logged
     if auth:
-        raw["auth"] = {"enabled": True, "keys": [{"id": "agent", "key_env": KEY_ENV}]}
+        raw["auth"] = {"enabled": True, "keys": [{"id": "agent", "tenant": "agents", "key_env": KEY_ENV}]}
     return raw
 
 
@@ -112,7 +112,7 @@ enabled = false
 
 def codex_env(home: Path, url: str, key: str) -> dict[str, str]:
     codex_home = home / "codex"
-    codex_home.mkdir(exist_ok=True)
+    codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(codex_config(url))
     return {**base_env(home), "CODEX_HOME": str(codex_home), "SLOTGATE_API_KEY": key}
 
@@ -121,7 +121,7 @@ async def run(program: Path, args: list[str], env: dict[str, str], home: Path,
               within_s: float = CLI_WITHIN_S) -> Run:
     """Run the CLI in `home`/work; killed (by its process id) past `within_s`."""
     work = home / "work"
-    work.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         str(program), *args, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,

@@ -88,16 +88,19 @@ async def test_an_agent_on_the_embedded_config(agent: str, agents_bin: Path,
 @pytest.mark.parametrize("agent", ["claude", "codex"])
 async def test_an_agent_with_auth_on(agent: str, agents_bin: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The right key served; then a wrong one refused, and the CLI says so within 5 s."""
     monkeypatch.setenv(KEY_ENV, KEY)
     ledger = tmp_path / "ledger.sqlite3"
     gw, lines = await serve(embedded(ledger, auth=True))
     try:
+        result = await run_agent(agent, agents_bin, gw.url, tmp_path)
+        await check_served(agent, result, lines, gw, ledger)
+        unwatch(lines)
+        gw, lines = await serve(embedded(tmp_path / "wrong.sqlite3", auth=True))
         wrong = await run_agent(agent, agents_bin, gw.url, tmp_path / "wrong",
                                 key="sk-not-a-key", within_s=30.0)
         assert wrong.code != 0 and wrong.seconds < 5.0, explain(wrong, lines)
-        lines.lines.clear()
-        result = await run_agent(agent, agents_bin, gw.url, tmp_path)
-        await check_served(agent, result, lines, gw, ledger)
+        assert {line.get("status") for line in lines.lines} == {401}
     finally:
         unwatch(lines)
         await gw.close()
