@@ -30,7 +30,8 @@ def embedded(ledger: Path, auth: bool = False) -> dict[str, Any]:
     raw["ledger"] = {"path": str(ledger)}
     raw.setdefault("logging", {})["refusal_interval_s"] = 0  # every refusal is logged
     if auth:
-        raw["auth"] = {"enabled": True, "keys": [{"id": "agent", "tenant": "agents", "key_env": KEY_ENV}]}
+        key = {"id": "agent", "tenant": "agents", "key_env": KEY_ENV}
+        raw["auth"] = {"enabled": True, "keys": [key]}
     return raw
 
 
