@@ -81,8 +81,8 @@ test-engine: $(ENGINE_STAMP) $(STAMP)
 SLOTGATE_AGENTS_CACHE ?= $(HOME)/.cache/slotgate/agents
 export SLOTGATE_AGENTS_CACHE
 AGENTS_LOCK := tests/agents/package-lock.json
-AGENTS_DIR = $(if $(filter 1,$(SLOTGATE_AGENTS_LATEST)),$(SLOTGATE_AGENTS_CACHE)/latest,\
-	$(SLOTGATE_AGENTS_CACHE)/pinned-$(shell sha256sum $(AGENTS_LOCK) | cut -c1-12))
+AGENTS_PINNED = $(SLOTGATE_AGENTS_CACHE)/pinned-$(shell sha256sum $(AGENTS_LOCK) | cut -c1-12)
+AGENTS_DIR = $(if $(filter 1,$(SLOTGATE_AGENTS_LATEST)),$(SLOTGATE_AGENTS_CACHE)/latest,$(AGENTS_PINNED))
 
 agents:
 	@command -v npm >/dev/null || { echo "npm is not installed (apt-get install nodejs npm)"; exit 1; }
