@@ -123,22 +123,32 @@ async def test_an_agent_while_the_queues_are_full(agent: str, agents_bin: Path,
     big, small = engine(gw, "llama-70b"), engine(gw, "llama-8b")
     big.hold()
     small.hold()
+    tasks: list[asyncio.Task[Any]] = []
     try:
         async with aiohttp.ClientSession() as session:
-            fill = [asyncio.create_task(_occupy(session, gw.url, "llama-8b")) for _ in range(24)]
+            tasks += [asyncio.create_task(_occupy(session, gw.url, "llama-8b"))
+                      for _ in range(24)]
             await wait_pools(gw, lambda s: s["llama-8b"] == (8, 16), within_s=30)
-            fill += [asyncio.create_task(_occupy(session, gw.url, MODEL)) for _ in range(8)]
+            tasks += [asyncio.create_task(_occupy(session, gw.url, MODEL)) for _ in range(8)]
             await wait_pools(gw, lambda s: s["llama-70b"] == (3, 5), within_s=30)
             cli = asyncio.create_task(run_agent(agent, agents_bin, gw.url, tmp_path))
-            await lines.wait_for(lambda line: line.get("status") == 429
-                                 and line.get("endpoint") == ENDPOINTS[agent], within_s=60)
+            refused = asyncio.create_task(lines.wait_for(
+                lambda line: line.get("status") == 429
+                and line.get("endpoint") == ENDPOINTS[agent], within_s=60))
+            tasks += [cli, refused]
+            await asyncio.wait([cli, refused], return_when=asyncio.FIRST_COMPLETED)
+            assert refused.done() and not cli.done(), (
+                explain(cli.result(), lines) if cli.done() else "no 429 within 60 s")
             big.release()
             small.release()
-            await asyncio.gather(*fill)
-            result = await cli
+            await asyncio.gather(*tasks)
+            result = cli.result()
         await check_served(agent, result, lines, gw, ledger, retried=True)
     finally:
         big.release()
         small.release()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         unwatch(lines)
         await gw.close()
