@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import sqlite3
 from pathlib import Path
 
@@ -159,7 +161,9 @@ async def test_a_ledger_without_replicas_is_migrated_in_place(ledger_target: str
         got = await store.fetch(RowFilter())
         assert [(r.id, r.key_id, r.replica) for r in got] == [
             ("row-1", "team-a", None), ("row-2", None, "big-1"), ("row-3", None, "small")]
-        assert got[0] == row(1, key_id="team-a")  # the old row unchanged otherwise
+        # The old row unchanged otherwise (its usage never checked: None, not False).
+        assert got[0] == dataclasses.replace(row(1, key_id="team-a"), usage_rejected=None)
+        assert got[1].usage_rejected is False
     finally:
         await store.close()
     reopened = open_store(ledger_target)  # a restart finds the step done and runs it no more

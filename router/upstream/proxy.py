@@ -41,6 +41,12 @@ _NOT_RETURNED = HOP_BY_HOP | {
     "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
 }
 ERROR_BODY_LIMIT = 64 * 1024
+# A stream's bytes held back until its first valid event (comments, a split first event).
+MAX_OPENING_BYTES = 64 * 1024
+# The list each API's answer holds (an answer without it is no answer).
+_PROMISED = {Endpoint.CHAT: "choices", Endpoint.COMPLETIONS: "choices",
+             Endpoint.EMBEDDINGS: "data", Endpoint.RESPONSES: "output",
+             Endpoint.MESSAGES: "content"}
 
 class ClientGone(Exception):
     """The downstream client closed its connection."""
@@ -190,9 +196,10 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             attempt.first_byte_at = time.perf_counter()
             if attempt.on_first_byte is not None:
                 attempt.on_first_byte(attempt.first_byte_at)
-            _usage_from_body(raw, attempt.usage)
+            answer = _answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
+            _usage_from_answer(answer, attempt.usage)
             if attempt.translation is not None:
-                raw = attempt.translation.answer(raw)
+                raw = attempt.translation.answer(answer)
             done = True
             # Case-insensitive: the gateway's x-request-id replaces an engine's own.
             headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
@@ -206,6 +213,9 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
         attempt.first_byte_at = time.perf_counter()
         if attempt.on_first_byte is not None:
             attempt.on_first_byte(attempt.first_byte_at)
+        # Nothing of the answer goes out before the engine's first valid event: a stream of
+        # garbage is a fault the request can leave for a sibling.
+        opening, ended = await _opening(events, chunk, up, upstream.name)
         if response is None:
             response = web.StreamResponse(status=200,
                                           headers={**SSE_HEADERS, **attempt.headers})
@@ -215,14 +225,16 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
                 await _send(response.write(attempt.preamble))
         attempt.streaming = True
         client = request.transport
-        while chunk:
-            out_bytes = events.feed(chunk)
-            if out_bytes:
-                await _write_stalled(response, out_bytes, client, cfg.idle_timeout_s)
-            chunk = await up.readany()
-        tail = events.flush()  # an unterminated last event is passed on as it is
-        if tail:
-            await _send(response.write(tail))
+        if opening:
+            await _write_stalled(response, opening, client, cfg.idle_timeout_s)
+        if not ended:
+            while chunk := await up.readany():
+                out_bytes = events.feed(chunk)
+                if out_bytes:
+                    await _write_stalled(response, out_bytes, client, cfg.idle_timeout_s)
+            tail = events.flush()  # an unterminated last event is passed on as it is
+            if tail:
+                await _send(response.write(tail))
         done = True
         await _send(response.write_eof())
         return response
@@ -299,15 +311,52 @@ async def _read_bounded(up: Response, limit: int, name: str) -> bytes:
     return b"".join(parts)
 
 
-def _usage_from_body(raw: bytes, usage: Usage) -> None:
-    """The backend's usage; failing that, an estimate from the answer's text (not `known`)."""
+def bad_answer(name: str, what: str) -> UpstreamFailure:
+    """An engine's 200 that is not what its API promises: its fault, like a dropped
+    connection (counted against it, retried on a sibling while nothing was sent)."""
+    return UpstreamFailure(FailureKind.BAD_ANSWER, name,
+                           f"Backend '{name}' sent an invalid answer: {what}.")
+
+
+async def _opening(events: Relay, chunk: bytes, up: Response, name: str
+                   ) -> tuple[bytes, bool]:
+    """Feed the stream until its first valid event: (what to send first, has it ended).
+    An engine that ends, or says MAX_OPENING_BYTES, without one valid event is at fault."""
+    held: list[bytes] = []
+    size = 0
+    while chunk:
+        out = events.feed(chunk)
+        if events.valid:
+            return (b"".join(held) + out if held else out), False
+        held.append(out)
+        size += len(out)
+        if size > MAX_OPENING_BYTES:
+            raise bad_answer(name, f"no valid event in its first {MAX_OPENING_BYTES} bytes")
+        chunk = await up.readany()
+    held.append(events.flush())
+    if not events.valid:
+        raise bad_answer(name, "a stream without one valid event")
+    return b"".join(held), True
+
+
+def _answer_object(raw: bytes, endpoint: Endpoint, name: str) -> dict[str, Any]:
+    """The engine's whole answer, parsed once: a JSON object holding the list its API
+    promises (`choices`, `data`, `output`, `content`), else the engine is at fault."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return
-    if not isinstance(obj, dict):
-        return
+        raise bad_answer(name, "not JSON") from None
+    key = _PROMISED[endpoint]
+    if not isinstance(obj, dict) or not isinstance(obj.get(key), list):
+        raise bad_answer(name, f"no '{key}' list")
+    return obj
+
+
+def _usage_from_answer(obj: dict[str, Any], usage: Usage) -> None:
+    """The backend's usage; failing that, an estimate from the answer's text (not `known`)."""
     usage.update(obj.get("usage"))
+    if usage.rejected:  # a translated answer shows the gateway's estimate, not these
+        obj.pop("usage", None)
     if usage.known:
         return
     if isinstance(obj.get("choices"), list):
