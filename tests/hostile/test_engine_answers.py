@@ -126,7 +126,8 @@ async def each_api(gw: RunningGateway, sdk: SdkClients, claude: AnthropicClients
         assert text
     message = await ant.messages.with_raw_response.create(
         model="chat", max_tokens=32, messages=ASK)
-    assert message.parse().content and message.parse().content[0].type == "text"
+    body = await message.parse()
+    assert body.content and body.content[0].type == "text"
     served.append(message.headers["x-slotgate-endpoint"])
     async with ant.messages.with_streaming_response.create(
             model="chat", max_tokens=32, messages=ASK, stream=True) as events:
@@ -161,9 +162,6 @@ async def test_a_garbage_replica_is_retried_on_its_siblings_and_leaves_the_group
         assert seats == {"liar": False, "good-1": True, "good-2": True}
         records = [r for r in gw.gateway.recent if r.status == 200]
         assert len(records) == 12 and sum(r.reason == "retry:big" for r in records) == 2
-        samples = await scrape(gw)
-        assert value(samples, "slotgate_upstream_errors_total", backend="big",
-                     kind="invalid") == 2
         await assert_idle(gw)
     finally:
         await runner.cleanup()
@@ -197,6 +195,9 @@ async def test_garbage_with_no_sibling_is_a_502_in_each_apis_shape(
         rows = [r for r in gw.gateway.recent]
         assert len(rows) == 6 and all(r.status == 502 for r in rows)
         assert {r.error for r in rows} == {"upstream_bad_answer"}
+        samples = await scrape(gw)
+        assert value(samples, "slotgate_upstream_errors_total", backend="big",
+                     kind="invalid") == 6
         await assert_idle(gw)
     finally:
         await runner.cleanup()
@@ -253,7 +254,8 @@ async def test_engine_usage_out_of_bounds_is_estimated_flagged_and_counted(
         await runner.cleanup()
 
 
-PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kg"
+       "AAAABJRU5ErkJggg==")
 
 
 @pytest.mark.parametrize("media_type", ["text/html", "image/png;x=1", "image/svg+xml",
