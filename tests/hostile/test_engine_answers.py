@@ -7,8 +7,10 @@ retried on a sibling while nothing was sent. An engine's usage out of bounds (ne
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import orjson
@@ -58,6 +60,8 @@ class Liar:
 
     def __init__(self, mode: str, usage: dict[str, Any] | None = None) -> None:
         self.mode, self.usage, self.hits = mode, usage, 0
+        self.gate: asyncio.Event | None = None  # set: every answer waits for it
+        self.arrived = asyncio.Event()
         self.app = web.Application()
         self.app.router.add_post("/{tail:.*}", self.answer)
         self.app.router.add_get("/v1/models", self.models)
@@ -68,6 +72,9 @@ class Liar:
     async def answer(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
         body = await request.json()
+        self.arrived.set()
+        if self.gate is not None:
+            await self.gate.wait()
         if body.get("stream"):
             reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await reply.prepare(request)
@@ -198,6 +205,41 @@ async def test_garbage_with_no_sibling_is_a_502_in_each_apis_shape(
         samples = await scrape(gw)
         assert value(samples, "slotgate_upstream_errors_total", backend="big",
                      kind="invalid") == 6
+        await assert_idle(gw)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_stream_already_open_ends_with_an_error_event_not_a_502(
+    start: StartGateway
+) -> None:
+    """A stream that waited in line had its 200 and queue reports sent: its engine's
+    garbage ends it with an error event in the client's shape."""
+    liar = Liar("not_json")
+    liar.gate = asyncio.Event()
+    runner, url = await serve_liar(liar)
+    try:
+        raw = single(url)
+        raw["backends"]["big"]["slots"] = 1
+        gw = await start(raw)
+        async with aiohttp.ClientSession() as http:
+            first = asyncio.ensure_future(http.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "chat", "messages": MESSAGES}))
+            await liar.arrived.wait()  # the only slot is taken
+            async with http.post(gw.url + "/v1/messages", json={
+                    "model": "chat", "max_tokens": 16, "messages": ASK, "stream": True},
+                    headers={"anthropic-version": "2023-06-01"}) as waiting:
+                assert waiting.status == 200  # it queued: its stream opened at once
+                liar.gate.set()
+                body = await waiting.read()
+            async with await first as held:
+                assert held.status == 502
+        assert body.rstrip().endswith(b"}") and b"event: error" in body
+        last = body.rstrip().split(b"\n\n")[-1]
+        error = orjson.loads(last.split(b"data: ", 1)[1])
+        assert error["type"] == "error" and error["error"]["type"] == "api_error"
+        assert b"content_block_delta" not in body  # nothing of the garbage was relayed
         await assert_idle(gw)
     finally:
         await runner.cleanup()
