@@ -22,13 +22,13 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
 from policies import failures
-from policies.capabilities import estimate_tokens
 from policies.config import BackendConfig
 from policies.failures import FailureKind
 from policies.headers import HOP_BY_HOP
 from router.apis.dialect import Relay, Translation
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
+from router.upstream.answers import answer_object, opening_of, usage_from_answer
 from router.upstream.client import HttpPool
 from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, ResponseTimeout
 from router.upstream.failures import UpstreamFailure
@@ -41,12 +41,6 @@ _NOT_RETURNED = HOP_BY_HOP | {
     "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
 }
 ERROR_BODY_LIMIT = 64 * 1024
-# A stream's bytes held back until its first valid event (comments, a split first event).
-MAX_OPENING_BYTES = 64 * 1024
-# The list each API's answer holds (an answer without it is no answer).
-_PROMISED = {Endpoint.CHAT: "choices", Endpoint.COMPLETIONS: "choices",
-             Endpoint.EMBEDDINGS: "data", Endpoint.RESPONSES: "output",
-             Endpoint.MESSAGES: "content"}
 
 class ClientGone(Exception):
     """The downstream client closed its connection."""
@@ -196,8 +190,8 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             attempt.first_byte_at = time.perf_counter()
             if attempt.on_first_byte is not None:
                 attempt.on_first_byte(attempt.first_byte_at)
-            answer = _answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
-            _usage_from_answer(answer, attempt.usage)
+            answer = answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
+            usage_from_answer(answer, attempt.usage)
             if attempt.translation is not None:
                 raw = attempt.translation.answer(answer)
             done = True
@@ -215,7 +209,7 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             attempt.on_first_byte(attempt.first_byte_at)
         # Nothing of the answer goes out before the engine's first valid event: a stream of
         # garbage is a fault the request can leave for a sibling.
-        opening, ended = await _opening(events, chunk, up, upstream.name)
+        opening, ended = await opening_of(events, chunk, up, upstream.name)
         if response is None:
             response = web.StreamResponse(status=200,
                                           headers={**SSE_HEADERS, **attempt.headers})
@@ -309,79 +303,6 @@ async def _read_bounded(up: Response, limit: int, name: str) -> bytes:
                                   f"Backend answer exceeds {limit} bytes.")
         parts.append(chunk)
     return b"".join(parts)
-
-
-def bad_answer(name: str, what: str) -> UpstreamFailure:
-    """An engine's 200 that is not what its API promises: its fault, like a dropped
-    connection (counted against it, retried on a sibling while nothing was sent)."""
-    return UpstreamFailure(FailureKind.BAD_ANSWER, name,
-                           f"Backend '{name}' sent an invalid answer: {what}.")
-
-
-async def _opening(events: Relay, chunk: bytes, up: Response, name: str
-                   ) -> tuple[bytes, bool]:
-    """Feed the stream until its first valid event: (what to send first, has it ended).
-    An engine that ends, or says MAX_OPENING_BYTES, without one valid event is at fault."""
-    held: list[bytes] = []
-    size = 0
-    while chunk:
-        out = events.feed(chunk)
-        if events.valid:
-            return (b"".join(held) + out if held else out), False
-        held.append(out)
-        size += len(out)
-        if size > MAX_OPENING_BYTES:
-            raise bad_answer(name, f"no valid event in its first {MAX_OPENING_BYTES} bytes")
-        chunk = await up.readany()
-    held.append(events.flush())
-    if not events.valid:
-        raise bad_answer(name, "a stream without one valid event")
-    return b"".join(held), True
-
-
-def _answer_object(raw: bytes, endpoint: Endpoint, name: str) -> dict[str, Any]:
-    """The engine's whole answer, parsed once: a JSON object holding the list its API
-    promises (`choices`, `data`, `output`, `content`), else the engine is at fault."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise bad_answer(name, "not JSON") from None
-    key = _PROMISED[endpoint]
-    if not isinstance(obj, dict) or not isinstance(obj.get(key), list):
-        raise bad_answer(name, f"no '{key}' list")
-    return obj
-
-
-def _usage_from_answer(obj: dict[str, Any], usage: Usage) -> None:
-    """The backend's usage; failing that, an estimate from the answer's text (not `known`)."""
-    usage.update(obj.get("usage"))
-    if usage.rejected:  # a translated answer shows the gateway's estimate, not these
-        obj.pop("usage", None)
-    if usage.known:
-        return
-    if isinstance(obj.get("choices"), list):
-        text = "".join(_answer_text(choice) for choice in obj["choices"])
-    elif isinstance(obj.get("output"), list):  # a Responses API answer passed through
-        text = "".join(_output_text(item) for item in obj["output"])
-    else:
-        return
-    usage.completion_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
-
-
-def _output_text(item: object) -> str:
-    content = item.get("content") if isinstance(item, dict) else None
-    if not isinstance(content, list):
-        return ""
-    return "".join(part["text"] for part in content
-                   if isinstance(part, dict) and isinstance(part.get("text"), str))
-
-
-def _answer_text(choice: object) -> str:
-    if not isinstance(choice, dict):
-        return ""
-    message = choice.get("message")
-    content = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return content if isinstance(content, str) else ""
 
 
 async def _upstream_error(up: Response, name: str, secret: str | None) -> UpstreamFailure:
