@@ -24,6 +24,7 @@ from policies import fallback
 from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
 from policies.breaker import Blame
+from policies.capabilities import Capability
 from policies.config import FallbackWhen, RouteConfig, RouteFallbackConfig, SystemMessages
 from policies.failures import FailureKind
 from policies.forecast import Progress
@@ -47,7 +48,7 @@ from router.record import Phase, RequestRecord, key_id, new_id, request_id, subj
 from router.request import objective, quota
 from router.request.access_log import log_refused
 from router.request.accounting import learn, settle
-from router.request.usage import CLIENT_CLOSED, count_tokens
+from router.request.usage import CLIENT_CLOSED, bounded_usage, count_tokens
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import Forwarding
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
@@ -344,7 +345,10 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
         on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
-        translation=ex.dialect.translation(parsed, rec.request_id), trace=context)
+        translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
+        usage=bounded_usage(ex.prompt_tokens(parsed), parsed.max_tokens,
+                            Capability.VISION in ex.needs(parsed).capabilities,
+                            upstream.config.context_window))
     # The forecast reads the relay's event count (a stream's); nothing more per event.
     lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
     failed: str | None = None  # how the attempt failed, for its span
@@ -366,6 +370,8 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
             rec.phase = Phase.STREAMING
         if attempt.status == 200:  # the backend took the request and began to answer
             count_tokens(rec, parsed, attempt.usage)
+            if attempt.usage.rejected:
+                ex.gw.metrics.usage_rejected(lease.pool)
 
 
 def refused(rec: RequestRecord, err: ApiError, parsed: ParsedRequest | None,

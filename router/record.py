@@ -72,6 +72,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
+    usage_rejected: bool = False  # the backend's usage was out of bounds: estimated instead
     phase: Phase = Phase.ADMISSION
     disconnect: Phase | None = None
     dropped_tools: str | None = None  # hosted tools a Responses translation left out

@@ -102,7 +102,7 @@ async def test_an_agent_loop_ends_after_one_round_trip(client: openai.AsyncOpenA
     prompt after the text answer calls again."""
     first = await client.chat.completions.create(model="m", messages=ASK, tools=[*TOOLS, SHELL])
     [call] = first.choices[0].message.tool_calls or []
-    assert call.function.name == "Bash"
+    assert call.type == "function" and call.function.name == "Bash"
     assert orjson.loads(call.function.arguments) == {"command": "echo slotgate-simulated"}
     history: Any = [*ASK, {"role": "system", "content": "agent types"}, CALL,
                     {"role": "tool", "tool_call_id": "c1", "content": "slotgate-simulated"},

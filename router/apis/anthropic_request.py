@@ -21,6 +21,8 @@ import orjson
 REFUSED_FIELDS = ("mcp_servers", "container")
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _IGNORED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+# The image types Anthropic's API accepts; anything else would be spliced into a data URL.
+IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
 class Unsupported(ValueError):
@@ -223,6 +225,9 @@ def _image(block: dict[str, Any], at: str) -> dict[str, Any]:
     if isinstance(source, dict):
         if source.get("type") == "base64" and isinstance(source.get("data"), str) and \
                 isinstance(source.get("media_type"), str):
+            if source["media_type"] not in IMAGE_MEDIA_TYPES:  # spliced into a data URL
+                raise Unsupported(f"{at}.source.media_type: must be one of "
+                                  f"{', '.join(sorted(IMAGE_MEDIA_TYPES))}", "messages")
             url = f"data:{source['media_type']};base64,{source['data']}"
             return {"type": "image_url", "image_url": {"url": url}}
         if source.get("type") == "url" and isinstance(source.get("url"), str):

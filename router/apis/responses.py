@@ -12,6 +12,7 @@ which a Responses client skips.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import orjson
 
@@ -40,11 +41,7 @@ class ResponsesTranslation:
     def __init__(self, echo: Echo, input_estimate: int) -> None:
         self.echo, self.input_estimate = echo, input_estimate
 
-    def answer(self, raw: bytes) -> bytes:
-        try:
-            chat = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            chat = None
+    def answer(self, chat: dict[str, Any]) -> bytes:
         return orjson.dumps(to_response(chat, self.echo, self.input_estimate))
 
     def relay(self, usage: Usage) -> Relay:

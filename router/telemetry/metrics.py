@@ -71,6 +71,10 @@ class Metrics:
                                     buckets=CLASSIFIER_BUCKETS, registry=r)
         self.ttft = Spread("slotgate_ttft_seconds", "Time to the first byte of the answer",
                            ["backend", "api"], BUCKETS)
+        self.engine_usage_rejected = Tally(
+            "slotgate_engine_usage_rejected", "Answers whose engine-reported usage was out of "
+            "bounds (negative, or beyond the prompt and max_tokens): estimated instead",
+            ["backend"])
         self.upstream_errors = Tally("slotgate_upstream_errors", "Backend failures",
                                      ["backend", "kind"])
         self.disconnects = Tally("slotgate_client_disconnects", "Clients that left early",
@@ -140,6 +144,8 @@ class Metrics:
                 (b, api) for b in s.backends for api in s.apis[b])),
             Labelled(self.upstream_errors, ("backend", ""),
                      lambda s: each(s.backends, METRIC_KINDS)),
+            Labelled(self.engine_usage_rejected, ("backend",),
+                     lambda s: ((b,) for b in s.backends)),
             Labelled(self.disconnects, ("backend", ""), lambda s: each(s.backends, _PHASES)),
             Labelled(self.tokens, ("backend", ""), lambda s: each(s.backends, ("in", "out"))),
             Labelled(self.cost, ("backend", "currency"), lambda s: each(s.priced, (s.currency,))),
@@ -159,6 +165,9 @@ class Metrics:
             Labelled(self.tenant_wait, ("backend", ""),
                      lambda s: each(s.backends, s.tenants)),
         ]
+
+    def usage_rejected(self, backend: str) -> None:
+        self.engine_usage_rejected.add((backend,), 1)
 
     def held(self, pool: str, seconds: float) -> None:
         self.holding.observe(self.holding.series((pool,)), seconds)

@@ -1,8 +1,8 @@
 """Claude Code (`claude -p`, its default tools) and Codex (`codex exec`, its default
 features) through a gateway on the embedded config, as the README sets them up: each ends
 well (exit 0, a text answer), every request is a ledger row, nothing is refused; with auth
-on (the right key works, a wrong one fails within 5 s); while the 70B and its fallback are
-full (a 429 is retried and the run still ends well).
+on (the right key works, a wrong one fails: Claude Code after one request); while the 70B
+and its fallback are full (a 429 is retried and the run still ends well).
 
 The simulated engine answers a fresh prompt with a call of the offered shell tool (an
 `echo`) and the tool's result with text: each run below is one tool round trip.
@@ -88,7 +88,7 @@ async def test_an_agent_on_the_embedded_config(agent: str, agents_bin: Path,
 @pytest.mark.parametrize("agent", ["claude", "codex"])
 async def test_an_agent_with_auth_on(agent: str, agents_bin: Path, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The right key served; then a wrong one refused, and the CLI says so within 5 s."""
+    """The right key served; then a wrong one refused, and the CLI gives up on it."""
     monkeypatch.setenv(KEY_ENV, KEY)
     ledger = tmp_path / "ledger.sqlite3"
     gw, lines = await serve(embedded(ledger, auth=True))
@@ -99,8 +99,13 @@ async def test_an_agent_with_auth_on(agent: str, agents_bin: Path, tmp_path: Pat
         gw, lines = await serve(embedded(tmp_path / "wrong.sqlite3", auth=True))
         wrong = await run_agent(agent, agents_bin, gw.url, tmp_path / "wrong",
                                 key="sk-not-a-key", within_s=30.0)
-        assert wrong.code != 0 and wrong.seconds < 5.0, explain(wrong, lines)
+        assert wrong.code != 0, explain(wrong, lines)
         assert {line.get("status") for line in lines.lines} == {401}
+        # Counted, not timed: Claude Code honours `x-should-retry: false` and asks once.
+        # Codex retries a 401 whatever the headers say (its stream retries, meant for a
+        # token refresh): its five retries, about 7 s, are its own.
+        asked = len(lines.lines)
+        assert asked == 1 if agent == "claude" else asked <= 6, explain(wrong, lines)
     finally:
         unwatch(lines)
         await gw.close()
