@@ -34,7 +34,6 @@ from router.request.auth import AUTH_FAILURES
 from router.server.connections import ConnectionGuard, fd_budget
 from router.server.no_route import log_unrouted
 
-
 # An HTTP/1.x request line, but for its method (quoted in the parser's error): 501, not 400.
 _REQUEST_LINE = re.compile(r"b'[!#$%&'*+.^_`|~0-9A-Za-z-]+ [!-~]+ HTTP/1\.[01]'")
 
