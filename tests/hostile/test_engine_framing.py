@@ -243,8 +243,10 @@ async def test_a_second_response_after_a_short_gap_is_never_served(
     sdk: SdkClients, start: StartGateway, engines: list[Engine], gap_s: float
 ) -> None:
     """The engine answers, then `gap_s` later (zero: in a write of its own right after)
-    sends an answer nobody asked for; the next request, sent once it is on the wire, gets
-    its own answer on another connection."""
+    sends an answer nobody asked for; the next request, sent once that is on the wire
+    (while no request is outstanding), gets its own answer on another connection. (One
+    that arrives after the next request was written is that request's answer as far as
+    HTTP/1.1 can tell: docs/security.md, Round three.)"""
     sent = asyncio.Event()
 
     async def answer_then_evil(eng: Scripted, reader: asyncio.StreamReader,
