@@ -1,8 +1,9 @@
-"""What no route takes, answered in OpenAI's shape and written to the access log: 404 for
-an unknown path, 405 (with `Allow`) for a known path asked with another method, 501 for a
-method the gateway serves nowhere (CONNECT, and a target no path can match such as
-CONNECT's `host:port` or `OPTIONS *`, which aiohttp's router answered in plain text).
-Only unmatched requests come here: a matched one pays nothing for it.
+"""What no route takes, answered in OpenAI's shape: 404 for an unknown path, 405 (with
+`Allow`) for a known path asked with another method, 501 for a method served nowhere
+(CONNECT, and a target no path can match such as CONNECT's `host:port` or `OPTIONS *`,
+which aiohttp's router answered in plain text). The 405s and 501s are written to the
+access log (the 404s, as before, are not). Only unmatched requests come here: a matched
+one pays nothing for it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ async def no_route(request: web.Request) -> web.Response:
                             "server_error", code="method_not_implemented").response()
     else:
         response = not_found(request)
-    if gw.config.logging.access and access.isEnabledFor(logging.INFO):
+    if response.status != 404 and gw.config.logging.access and access.isEnabledFor(logging.INFO):
         log_unrouted(request_id(request, new_id()), method, request.raw_path.split("?")[0],
                      response.status)
     return response
