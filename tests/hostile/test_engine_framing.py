@@ -16,7 +16,13 @@ import pytest
 
 from router.upstream.client import HttpPool
 from router.upstream.wire import Target
+from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
+    BOTH_LOOPS,
+    event_loop_policy,
+)
 from tests.support import MESSAGES, SdkClients, StartGateway, assert_idle
+
+pytestmark = BOTH_LOOPS
 
 BODY = orjson.dumps({"id": "c1", "object": "chat.completion", "model": "m", "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "fine"},
