@@ -2,8 +2,8 @@
 `Allow`) for a known path asked with another method, 501 for a method served nowhere
 (CONNECT, and a target no path can match such as CONNECT's `host:port` or `OPTIONS *`,
 which aiohttp's router answered in plain text). The 405s and 501s are written to the
-access log (the 404s, as before, are not). Only unmatched requests come here: a matched
-one pays nothing for it.
+access log (the 404s, as before, are not). Only unmatched requests come here; a matched
+one pays one more call frame and a type test in the router's resolve.
 """
 
 from __future__ import annotations
