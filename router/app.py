@@ -29,8 +29,9 @@ from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
-from router.openai_api import ApiError, Endpoint, not_found
+from router.openai_api import Endpoint
 from router.request.auth import Keyring
+from router.server.no_route import add_fallback
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
 from router.tracing import start_tracer
 from router.upstream.pools import start_coordinator
@@ -73,7 +74,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/openapi.json", _openapi)
     pages.setup(app)
     admin.setup(app)
-    app.router.add_route("*", "/{path:.*}", _no_route)  # last: what no route above takes
+    add_fallback(app)  # last: what no route above takes
     return app
 
 
@@ -142,26 +143,6 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.coordinator.close()
         if gw.tracer is not None:  # the spans of the last requests, flushed off the loop
             await asyncio.to_thread(gw.tracer.close)
-
-
-async def _no_route(request: web.Request) -> web.Response:
-    """What no other route takes, answered in OpenAI's shape: 405 (with Allow) when the
-    path exists for other methods, else 404. A route of its own, registered last, rather
-    than a middleware: no extra frames on every request's path. With auth on, a caller
-    without a key learns nothing of the paths: 401 first."""
-    gw = request.app[GATEWAY]
-    if gw.keyring.enabled and (refused := gw.guard(request, None)) is not None:
-        return refused
-    allowed: set[str] = set()
-    for resource in request.app.router.resources():
-        if resource is not request.match_info.route.resource:
-            _, methods = await resource.resolve(request)
-            allowed |= methods
-    if allowed:
-        return ApiError(405, f"Method Not Allowed: {request.method} {request.path}",
-                        code="method_not_allowed",
-                        headers={"Allow": ", ".join(sorted(allowed))}).response()
-    return not_found(request)
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -91,6 +91,9 @@ def _embeddings_plan(body: object, default_model: str) -> Plan:
 
 
 SIM_ENGINE = web.AppKey("sim_engine", SimEngine)
+# The largest body taken: twice the largest `server.max_body_bytes` a config may set, since
+# a gateway forwards what that allows and a translated Messages body grows a little.
+MAX_BODY_BYTES = 2 * 256 * 1024 * 1024
 
 
 async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -162,7 +165,7 @@ def _json(obj: object) -> web.Response:
 
 
 def create_sim_app(engine: SimEngine) -> web.Application:
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SIM_ENGINE] = engine
     app.router.add_post("/v1/chat/completions", functools.partial(_completion, chat=True))
     app.router.add_post("/v1/completions", functools.partial(_completion, chat=False))
