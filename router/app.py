@@ -182,7 +182,11 @@ async def _metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     if (refused := gw.guard(request, Public.METRICS)) is not None:
         return refused
-    body = gw.metrics.exposition()
+    try:
+        tenant = gw.keyring.tenants_seen(request, Public.METRICS)
+    except ApiError as err:  # (a key that `guard` let through: not reached)
+        return err.response()
+    body = gw.metrics.exposition(tenant)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
