@@ -138,6 +138,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.shared_quotas.close()  # its settles finish with the coordinator's
         if gw.coordinator is not None:
             await gw.coordinator.close()
+        gw.big_bodies.close()
         if gw.tracer is not None:  # the spans of the last requests, flushed off the loop
             await asyncio.to_thread(gw.tracer.close)
 

@@ -137,8 +137,11 @@ def _json(obj: object) -> web.Response:
     return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
 
+_MAX_BODY = 256 * 1024 * 1024  # as an engine's (vLLM's has no limit): the gateway's bounds hold
+
+
 def create_sim_app(engine: SimEngine) -> web.Application:
-    app = web.Application()
+    app = web.Application(client_max_size=_MAX_BODY)
     app[SIM_ENGINE] = engine
     app.router.add_post("/v1/chat/completions", functools.partial(_completion, chat=True))
     app.router.add_post("/v1/completions", functools.partial(_completion, chat=False))
