@@ -110,3 +110,6 @@ async def test_not_public_needs_a_key_and_public_tenants_open_all(
     opened = await start(config(["metrics", "tenants"]))  # the operator's choice: as before
     assert await tenants_in_metrics(opened, None) == {"acme", "beta", "other"}
     assert await tenants_in_metrics(opened, KEYS["beta"]) == {"acme", "beta", "other"}
+    async with aiohttp.ClientSession() as http, http.get(opened.url + "/openapi.json",
+                                                         headers=_headers(ADMIN)) as resp:
+        assert resp.status == 200  # `tenants` opens no path of its own
