@@ -29,7 +29,7 @@ from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
-from router.openai_api import Endpoint
+from router.openai_api import ApiError, Endpoint
 from router.request.auth import Keyring
 from router.server.no_route import add_fallback
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
@@ -141,6 +141,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.shared_quotas.close()  # its settles finish with the coordinator's
         if gw.coordinator is not None:
             await gw.coordinator.close()
+        gw.big_bodies.close()
         if gw.tracer is not None:  # the spans of the last requests, flushed off the loop
             await asyncio.to_thread(gw.tracer.close)
 
@@ -165,7 +166,11 @@ async def _metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     if (refused := gw.guard(request, Public.METRICS)) is not None:
         return refused
-    body = gw.metrics.exposition()
+    try:
+        tenant = gw.keyring.tenants_seen(request, Public.METRICS)
+    except ApiError as err:  # (a key that `guard` let through: not reached)
+        return err.response()
+    body = gw.metrics.exposition(tenant)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

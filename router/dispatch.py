@@ -25,7 +25,13 @@ from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
 from policies.breaker import Blame
 from policies.capabilities import Capability
-from policies.config import FallbackWhen, RouteConfig, RouteFallbackConfig, SystemMessages
+from policies.config import (
+    Config,
+    FallbackWhen,
+    RouteConfig,
+    RouteFallbackConfig,
+    SystemMessages,
+)
 from policies.failures import FailureKind
 from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
@@ -48,6 +54,7 @@ from router.record import Phase, RequestRecord, key_id, new_id, request_id, subj
 from router.request import objective, quota
 from router.request.access_log import log_refused
 from router.request.accounting import learn, settle
+from router.request.big_body import BIG_BODY
 from router.request.usage import CLIENT_CLOSED, bounded_usage, count_tokens
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import Forwarding
@@ -59,6 +66,15 @@ log = logging.getLogger("slotgate.access")
 errors = logging.getLogger("slotgate.error")
 # The wire dialect of each endpoint that does not speak OpenAI's own (router.apis.dialect).
 DIALECTS: dict[Endpoint, Dialect] = {Endpoint.MESSAGES: ANTHROPIC}
+
+
+def parse_body(raw: bytes, endpoint: Endpoint, dialect: Dialect, config: Config
+               ) -> tuple[Dialect, ParsedRequest]:
+    """The request in `raw` and the dialect that read it (Responses: passed through, or
+    translated to chat). Pure: it may run off the loop."""
+    if endpoint is Endpoint.RESPONSES:
+        dialect = dialect_for(raw, config)
+    return dialect, dialect.parse(raw, endpoint, config.server)
 
 
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -73,6 +89,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     if gw.tracer is not None:
         exchange.trace = gw.tracer.begin(request, rec)
     failed: FailureKind | None = None  # how the upstream exchange failed, if it did
+    big = False  # a body parsed off the loop
     gw.enter(request.task)
     try:
         if gw.draining:
@@ -90,9 +107,13 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         server = config.server
         raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
                               exchange.hold)
-        if endpoint is Endpoint.RESPONSES:  # passed through, or translated to chat
-            dialect = exchange.dialect = dialect_for(raw, config)
-        parsed = exchange.parsed = dialect.parse(raw, endpoint, config.server)
+        if len(raw) < BIG_BODY:
+            dialect, parsed = parse_body(raw, endpoint, dialect, config)
+        else:  # off the loop (router.request.big_body)
+            big = True
+            dialect, parsed = await gw.big_bodies.parse(parse_body, raw, endpoint, dialect,
+                                                        config)
+        exchange.dialect, exchange.parsed = dialect, parsed
         rec.stream, rec.dropped_tools = parsed.stream, parsed.dropped_tools
         route = config.routes.get(parsed.model)
         if route is None:
@@ -159,6 +180,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         return await exchange.fail(bug)
     finally:
         exchange.hold.release()
+        if big:
+            gw.big_bodies.ended()
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         objective.settle(rec, gw.metrics)

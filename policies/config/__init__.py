@@ -13,7 +13,7 @@ from typing import Self
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from policies.config.auth import ApiKeyConfig, AuthConfig, BudgetConfig, Public
+from policies.config.auth import ApiKeyConfig, AuthConfig, BudgetConfig, KeyScope, Public
 from policies.config.backends import (
     AffinityConfig,
     BackendConfig,
@@ -81,6 +81,7 @@ __all__ = [
     "FallbackWhen",
     "HostedTools",
     "Intent",
+    "KeyScope",
     "LedgerConfig",
     "Loc",
     "LoggingConfig",

@@ -164,6 +164,8 @@ def _json(obj: object) -> web.Response:
     return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
 
+
+
 def create_sim_app(engine: SimEngine) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SIM_ENGINE] = engine

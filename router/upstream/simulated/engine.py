@@ -54,6 +54,8 @@ class SimRecord:
     cached_tokens: int = 0  # prompt tokens the prefix cache spared the prefill
     planned_ttft_s: float | None = None  # the wait before the first token, once scheduled
     traceparent: str | None = None  # the W3C trace context it came with, if any
+    tracestate: str | None = None
+    baggage: str | None = None
 
 
 class SimEngine:
@@ -201,7 +203,9 @@ class SimEngine:
     def _begin(self, request: web.Request, plan: Plan) -> SimRecord:
         rid = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
         rec = SimRecord(rid, plan.stream, plan.prompt_tokens, 0, time.monotonic(),
-                        traceparent=request.headers.get("traceparent"))
+                        traceparent=request.headers.get("traceparent"),
+                        tracestate=request.headers.get("tracestate"),
+                        baggage=request.headers.get("baggage"))
         if len(self.records) >= _MAX_RECORDS:
             del self.records[next(iter(self.records))]
         self.records[rid] = rec
