@@ -72,6 +72,26 @@ async def check_served(agent: str, result: Run, lines: AccessLines, gw: Any,
     assert all(r.route == MODEL for r in rows)
 
 
+async def test_claude_without_tools_answers_in_one_request(agents_bin: Path,
+                                                           tmp_path: Path) -> None:
+    """`--tools ""`: no tool offered, so the answer is text at once: one request."""
+    ledger = tmp_path / "ledger.sqlite3"
+    gw, lines = await serve(embedded(ledger))
+    try:
+        result = await run(agents_bin / "claude", ["-p", "say hello", "--tools", ""],
+                           claude_env(tmp_path, gw.url, KEY), tmp_path)
+        assert result.code == 0 and WORDS in result.out, explain(result, lines)
+        api = [line for line in lines.lines if line.get("endpoint") == ENDPOINTS["claude"]]
+        assert [line["status"] for line in api] == [200], explain(result, lines)
+        await assert_idle(gw)
+        rows = await rows_of(gw, str(ledger))
+        assert [(r.endpoint, r.status, r.route) for r in rows] == [
+            (ENDPOINTS["claude"], 200, MODEL)]
+    finally:
+        unwatch(lines)
+        await gw.close()
+
+
 @pytest.mark.parametrize("agent", ["claude", "codex"])
 async def test_an_agent_on_the_embedded_config(agent: str, agents_bin: Path,
                                                tmp_path: Path) -> None:
