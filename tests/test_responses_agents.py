@@ -38,6 +38,10 @@ MULTI_AGENT: Any = {"type": "namespace", "name": "multi_agent_v1",
 EXEC: Any = {"type": "function", "name": "exec_command", "description": "Run a command.",
              "strict": False, "parameters": {"type": "object", "required": ["cmd"],
                                              "properties": {"cmd": {"type": "string"}}}}
+# A tool that is no shell: with no shell offered the simulated engine calls the first tool.
+VIEW_IMAGE: Any = {"type": "function", "name": "view_image", "description": "Show an image.",
+                   "strict": False, "parameters": {"type": "object", "required": ["path"],
+                                                   "properties": {"path": {"type": "string"}}}}
 APPLY_PATCH: Any = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
                     "format": {"type": "grammar", "syntax": "lark",
                                "definition": "start: \"*** Begin Patch\" /(.|\\n)*/"}}
@@ -74,7 +78,7 @@ async def test_codex_request_is_served_and_the_namespaced_call_comes_back(
         stream: bool) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1)))
     client = sdk(gw)
-    asked = codex([MULTI_AGENT, EXEC, *HOSTED])  # the engine calls its first tool
+    asked = codex([MULTI_AGENT, VIEW_IMAGE, *HOSTED])  # the engine calls its first tool
     with caplog.at_level(logging.INFO, logger="slotgate.access"):
         if stream:
             async with client.responses.with_streaming_response.create(
@@ -113,7 +117,7 @@ async def test_a_custom_tool_call_comes_back_with_its_input(
         sdk: SdkClients, start: StartGateway, stream: bool) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=1)))
     client = sdk(gw)
-    asked = codex([APPLY_PATCH, EXEC])
+    asked = codex([APPLY_PATCH, VIEW_IMAGE])
     if stream:
         events = [e async for e in await client.responses.create(**asked, stream=True)]
         kinds = [e.type for e in events]
