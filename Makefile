@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test chaos demo lint typecheck bench clean engine test-engine
+.PHONY: run test chaos demo lint typecheck bench clean engine test-engine agents test-agents
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,32 @@ engine: $(ENGINE_STAMP)
 test-engine: $(ENGINE_STAMP) $(STAMP)
 	$(ENGINE_BIN)/python tests/engine/model.py >/dev/null  # again, if the cache was emptied
 	SLOTGATE_ENGINE=1 $(BIN)/pytest -q tests/engine
+
+# The real coding agents (Claude Code, Codex) for tests/agents: installed from npm at the
+# versions pinned in tests/agents/package-lock.json, or with SLOTGATE_AGENTS_LATEST=1 at
+# the newest, into SLOTGATE_AGENTS_CACHE (kept across runs and checkouts, never the repo).
+SLOTGATE_AGENTS_CACHE ?= $(HOME)/.cache/slotgate/agents
+export SLOTGATE_AGENTS_CACHE
+AGENTS_LOCK := tests/agents/package-lock.json
+AGENTS_PINNED = $(SLOTGATE_AGENTS_CACHE)/pinned-$(shell sha256sum $(AGENTS_LOCK) | cut -c1-12)
+AGENTS_DIR = $(if $(filter 1,$(SLOTGATE_AGENTS_LATEST)),$(SLOTGATE_AGENTS_CACHE)/latest,$(AGENTS_PINNED))
+
+agents:
+	@command -v npm >/dev/null || { echo "npm is not installed (apt-get install nodejs npm)"; exit 1; }
+	mkdir -p $(AGENTS_DIR)
+ifeq ($(SLOTGATE_AGENTS_LATEST),1)
+	npm install --prefix $(AGENTS_DIR) --no-audit --no-fund \
+		@anthropic-ai/claude-code@latest @openai/codex@latest
+else
+	test -x $(AGENTS_DIR)/node_modules/.bin/claude -a -x $(AGENTS_DIR)/node_modules/.bin/codex || \
+		{ cp tests/agents/package.json $(AGENTS_LOCK) $(AGENTS_DIR)/ && \
+		  npm ci --prefix $(AGENTS_DIR) --no-audit --no-fund; }
+endif
+	$(AGENTS_DIR)/node_modules/.bin/claude --version
+	$(AGENTS_DIR)/node_modules/.bin/codex --version
+
+test-agents: agents $(STAMP)
+	SLOTGATE_AGENTS=1 SLOTGATE_AGENTS_BIN=$(AGENTS_DIR)/node_modules/.bin $(BIN)/pytest -q tests/agents
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache

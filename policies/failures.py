@@ -23,6 +23,9 @@ class FailureKind(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"  # the answer stopped for longer than the idle timeout
     DROPPED = "dropped"  # the connection was lost (or its framing broke) mid-answer
     BAD_RESPONSE = "bad_response"  # the answer's head was not valid HTTP/1.1
+    # A 200 whose body is not what the API promises: not JSON, no choices/data/output, a
+    # stream without one valid event. The engine's fault, like a dropped connection.
+    BAD_ANSWER = "bad_answer"
     TOO_LARGE = "too_large"  # an answer or one of its events exceeds the gateway's limit
     UPSTREAM_5XX = "upstream_5xx"  # the engine answered a server error (>= 500)
     UPSTREAM_429 = "upstream_429"  # the engine's own backpressure
@@ -34,6 +37,7 @@ class FailureKind(enum.StrEnum):
 CONNECTION_FAILURES = frozenset({
     FailureKind.REFUSED, FailureKind.CONNECT_TIMEOUT, FailureKind.FIRST_BYTE_TIMEOUT,
     FailureKind.IDLE_TIMEOUT, FailureKind.DROPPED, FailureKind.BAD_RESPONSE,
+    FailureKind.BAD_ANSWER,
 })
 # The engine answered with an error status of its own (relayed to the client as it is).
 ENGINE_ANSWERS = frozenset({
@@ -49,6 +53,7 @@ _CODES = {
     FailureKind.FIRST_BYTE_TIMEOUT: "upstream_timeout",
     FailureKind.IDLE_TIMEOUT: "upstream_timeout",
     FailureKind.DROPPED: "upstream_dropped",
+    FailureKind.BAD_ANSWER: "upstream_bad_answer",
     FailureKind.TOO_LARGE: "upstream_too_large",
     FailureKind.UPSTREAM_5XX: "upstream_error",
     FailureKind.UPSTREAM_429: "upstream_error",
@@ -63,6 +68,7 @@ _METRIC_KINDS = {
     FailureKind.FIRST_BYTE_TIMEOUT: "timeout",
     FailureKind.IDLE_TIMEOUT: "timeout",
     FailureKind.DROPPED: "dropped",
+    FailureKind.BAD_ANSWER: "invalid",
     FailureKind.TOO_LARGE: "dropped",
     FailureKind.UPSTREAM_5XX: "status",
     FailureKind.UPSTREAM_429: "status",

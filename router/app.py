@@ -23,13 +23,15 @@ from router import dispatch
 from router.apis.anthropic import ANTHROPIC
 from router.apis.anthropic_endpoints import count_tokens, model_list
 from router.apis.dialect import OPENAI
+from router.apis.responses_socket import responses_socket
 from router.assembly import add_backend, health_check, replica_check, wire_routes
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
-from router.openai_api import ApiError, Endpoint, not_found
+from router.openai_api import ApiError, Endpoint
 from router.request.auth import Keyring
+from router.server.no_route import add_fallback
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
 from router.tracing import start_tracer
 from router.upstream.pools import start_coordinator
@@ -62,6 +64,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_post("/v1/responses", partial(dispatch.handle, endpoint=Endpoint.RESPONSES),
                         expect_handler=expect_continue)
+    app.router.add_get("/v1/responses", responses_socket)  # WebSocket mode: 426, logged
     app.router.add_post("/v1/embeddings", partial(dispatch.handle, endpoint=Endpoint.EMBEDDINGS),
                         expect_handler=expect_continue)
     app.router.add_get("/v1/models", _models)
@@ -71,7 +74,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/openapi.json", _openapi)
     pages.setup(app)
     admin.setup(app)
-    app.router.add_route("*", "/{path:.*}", _no_route)  # last: what no route above takes
+    add_fallback(app)  # last: what no route above takes
     return app
 
 
@@ -138,28 +141,9 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.shared_quotas.close()  # its settles finish with the coordinator's
         if gw.coordinator is not None:
             await gw.coordinator.close()
+        gw.big_bodies.close()
         if gw.tracer is not None:  # the spans of the last requests, flushed off the loop
             await asyncio.to_thread(gw.tracer.close)
-
-
-async def _no_route(request: web.Request) -> web.Response:
-    """What no other route takes, answered in OpenAI's shape: 405 (with Allow) when the
-    path exists for other methods, else 404. A route of its own, registered last, rather
-    than a middleware: no extra frames on every request's path. With auth on, a caller
-    without a key learns nothing of the paths: 401 first."""
-    gw = request.app[GATEWAY]
-    if gw.keyring.enabled and (refused := gw.guard(request, None)) is not None:
-        return refused
-    allowed: set[str] = set()
-    for resource in request.app.router.resources():
-        if resource is not request.match_info.route.resource:
-            _, methods = await resource.resolve(request)
-            allowed |= methods
-    if allowed:
-        return ApiError(405, f"Method Not Allowed: {request.method} {request.path}",
-                        code="method_not_allowed",
-                        headers={"Allow": ", ".join(sorted(allowed))}).response()
-    return not_found(request)
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -182,7 +166,11 @@ async def _metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     if (refused := gw.guard(request, Public.METRICS)) is not None:
         return refused
-    body = gw.metrics.exposition()
+    try:
+        tenant = gw.keyring.tenants_seen(request, Public.METRICS)
+    except ApiError as err:  # (a key that `guard` let through: not reached)
+        return err.response()
+    body = gw.metrics.exposition(tenant)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

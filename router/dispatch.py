@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -23,7 +24,14 @@ from policies import fallback
 from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
 from policies.breaker import Blame
-from policies.config import FallbackWhen, RouteConfig, RouteFallbackConfig
+from policies.capabilities import Capability
+from policies.config import (
+    Config,
+    FallbackWhen,
+    RouteConfig,
+    RouteFallbackConfig,
+    SystemMessages,
+)
 from policies.failures import FailureKind
 from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
@@ -46,7 +54,8 @@ from router.record import Phase, RequestRecord, key_id, new_id, request_id, subj
 from router.request import objective, quota
 from router.request.access_log import log_refused
 from router.request.accounting import learn, settle
-from router.request.usage import CLIENT_CLOSED, count_tokens
+from router.request.big_body import BIG_BODY
+from router.request.usage import CLIENT_CLOSED, bounded_usage, count_tokens
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import Forwarding
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
@@ -57,6 +66,15 @@ log = logging.getLogger("slotgate.access")
 errors = logging.getLogger("slotgate.error")
 # The wire dialect of each endpoint that does not speak OpenAI's own (router.apis.dialect).
 DIALECTS: dict[Endpoint, Dialect] = {Endpoint.MESSAGES: ANTHROPIC}
+
+
+def parse_body(raw: bytes, endpoint: Endpoint, dialect: Dialect, config: Config
+               ) -> tuple[Dialect, ParsedRequest]:
+    """The request in `raw` and the dialect that read it (Responses: passed through, or
+    translated to chat). Pure: it may run off the loop."""
+    if endpoint is Endpoint.RESPONSES:
+        dialect = dialect_for(raw, config)
+    return dialect, dialect.parse(raw, endpoint, config.server)
 
 
 async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -71,6 +89,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     if gw.tracer is not None:
         exchange.trace = gw.tracer.begin(request, rec)
     failed: FailureKind | None = None  # how the upstream exchange failed, if it did
+    big = False  # a body parsed off the loop
     gw.enter(request.task)
     try:
         if gw.draining:
@@ -88,10 +107,14 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         server = config.server
         raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
                               exchange.hold)
-        if endpoint is Endpoint.RESPONSES:  # passed through, or translated to chat
-            dialect = exchange.dialect = dialect_for(raw, config)
-        parsed = exchange.parsed = dialect.parse(raw, endpoint, config.server)
-        rec.stream = parsed.stream
+        if len(raw) < BIG_BODY:
+            dialect, parsed = parse_body(raw, endpoint, dialect, config)
+        else:  # off the loop (router.request.big_body)
+            big = True
+            dialect, parsed = await gw.big_bodies.parse(parse_body, raw, endpoint, dialect,
+                                                        config)
+        exchange.dialect, exchange.parsed = dialect, parsed
+        rec.stream, rec.dropped_tools = parsed.stream, parsed.dropped_tools
         route = config.routes.get(parsed.model)
         if route is None:
             raise ApiError(404, f"The model '{parsed.model}' does not exist.",
@@ -126,7 +149,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.status, rec.error = err.status, err.code
         return await exchange.fail(err)
     except ApiError as err:
-        rec.status, rec.error = err.status, err.code
+        refused(rec, err, exchange.parsed, config.routes)
         return await exchange.fail(err)
     except (ClientGone, ConnectionResetError):
         rec.disconnect, rec.status = rec.phase, CLIENT_CLOSED
@@ -157,17 +180,23 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         return await exchange.fail(bug)
     finally:
         exchange.hold.release()
+        if big:
+            gw.big_bodies.ended()
         gw.leave(request.task)
         rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
         objective.settle(rec, gw.metrics)
-        settle(gw, rec, gw.keyring.enabled, failed, exchange.quota)
+        logs = config.logging
+        left_out = gw.key_refusals.admit(rec, logs.refusals_per_key_s)  # None: not written
+        settle(gw, rec, gw.keyring.enabled, failed, exchange.quota, left_out is not None)
         if exchange.trace is not None:
             exchange.trace.end(rec, None if exchange.parsed is None
                                else exchange.parsed.max_tokens)
-        logs = config.logging
-        if logs.access and log.isEnabledFor(logging.INFO):
+        if logs.access and left_out is not None and log.isEnabledFor(logging.INFO):
             if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
                 log_refused(log, gw.refusals, rec, logs.refusal_interval_s)
+            elif left_out:  # a key's refusals left out before this one
+                log.info(orjson.dumps({**orjson.loads(orjson.dumps(rec)),
+                                       "suppressed": left_out}).decode())
             elif logs.content and exchange.parsed is not None:  # the operator asked for it
                 line = {**orjson.loads(orjson.dumps(rec)),
                         "prompt": request_text(exchange.parsed.body)}
@@ -331,13 +360,18 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
     elif parsed.stream and ex.wants_events(parsed):
         preamble = start  # said right after the headers, before the first chunk
     attempt = Attempt(
-        ex.request, upstream, parsed.endpoint, upstream_body(parsed, upstream.config.model),
+        ex.request, upstream, parsed.endpoint, upstream_body(
+            parsed, upstream.config.model,
+            upstream.config.system_messages is SystemMessages.FOLD),
         parsed.stream, strip_usage=parsed.stream and not parsed.wants_usage,
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
         on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
-        translation=ex.dialect.translation(parsed, rec.request_id), trace=context)
+        translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
+        usage=bounded_usage(ex.prompt_tokens(parsed), parsed.max_tokens,
+                            Capability.VISION in ex.needs(parsed).capabilities,
+                            upstream.config.context_window))
     # The forecast reads the relay's event count (a stream's); nothing more per event.
     lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
     failed: str | None = None  # how the attempt failed, for its span
@@ -359,3 +393,16 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
             rec.phase = Phase.STREAMING
         if attempt.status == 200:  # the backend took the request and began to answer
             count_tokens(rec, parsed, attempt.usage)
+            if attempt.usage.rejected:
+                ex.gw.metrics.usage_rejected(lease.pool)
+
+
+def refused(rec: RequestRecord, err: ApiError, parsed: ParsedRequest | None,
+            routes: Mapping[str, RouteConfig]) -> None:
+    """A refusal's facts for its log line: its code (the error's type where it has none),
+    the field at fault, and the route once the model named one."""
+    rec.status, rec.error, rec.param = err.status, err.code or err.type, err.param
+    if rec.route is None:
+        model = parsed.model if parsed is not None else err.model
+        if model is not None and model in routes:
+            rec.route = model

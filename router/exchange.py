@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 class Exchange:
     """One request's state, from its head to its record."""
 
-    __slots__ = ("_needs", "config", "dialect", "facts", "failed_on", "gw", "hold", "parsed",
-                 "place", "priority", "quota", "rec", "request", "response", "trace",
-                 "want", "weight")
+    __slots__ = ("_needs", "_prompt", "config", "dialect", "facts", "failed_on", "gw", "hold",
+                 "parsed", "place", "priority", "quota", "rec", "request", "response",
+                 "trace", "want", "weight")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config, dialect: Dialect = OPENAI) -> None:
@@ -58,12 +58,17 @@ class Exchange:
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
                              gw.bodies_full)
         self._needs: Needs | None = None
+        self._prompt: int | None = None
         self.quota: QuotaHold | None = None  # its reservation against its key's limits
         self.trace: RequestTrace | None = None  # its spans (tracing on)
 
     def prompt_tokens(self, parsed: ParsedRequest) -> int:
-        """A generous estimate of the prompt's tokens, from the whole body's size."""
-        return estimate_tokens(len(parsed.raw.decode(errors="replace")), len(parsed.raw))
+        """A generous estimate of the prompt's tokens, from the whole body's size (worked
+        out once)."""
+        if self._prompt is None:
+            raw = parsed.raw
+            self._prompt = estimate_tokens(len(raw.decode(errors="replace")), len(raw))
+        return self._prompt
 
     def share(self, parsed: ParsedRequest) -> Share:
         """Whose it is in a `fair` line: its tenant (no key: its caller's own) and weight."""
@@ -107,6 +112,8 @@ class Exchange:
         if rec.arm is not None and rec.experiment is not None:
             out["x-slotgate-experiment"] = rec.experiment
             out["x-slotgate-arm"] = rec.arm
+        if rec.dropped_tools is not None:  # what the engine was not shown (Responses)
+            out["x-slotgate-dropped-tools"] = rec.dropped_tools
         return out
 
     def prefer(self, backend: Backend, parsed: ParsedRequest) -> tuple[str, ...]:

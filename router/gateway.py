@@ -22,8 +22,9 @@ from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
 from router.ledger.base import Ledger
 from router.openai_api import ApiError
-from router.request.access_log import LogSampler
+from router.request.access_log import KeyRefusals, LogSampler
 from router.request.auth import Keyring
+from router.request.big_body import BigBodies
 from router.request.body import InflightBodies
 from router.request.rejections import rejection
 from router.telemetry.metrics import Metrics
@@ -54,6 +55,7 @@ class Gateway:
     quotas: Quotas = field(default_factory=lambda: Quotas(()))  # per-key limits, this process
     shared_quotas: SharedQuotas | None = None  # per-key limits in Redis (coordination: redis)
     bodies: InflightBodies = field(default_factory=InflightBodies)  # request bytes held
+    big_bodies: BigBodies = field(default_factory=BigBodies)  # parsed off the loop
     config_path: str | None = None  # what a reload reads (None: the embedded config)
     ready: bool = False
     draining: bool = False  # shutting down: new and queued requests get 503 + Retry-After
@@ -65,6 +67,7 @@ class Gateway:
     metrics: Metrics = field(default_factory=Metrics)
     tracer: Tracer | None = None  # tracing.enabled: spans of every request (at startup)
     refusals: LogSampler = field(default_factory=LogSampler)  # access lines of unknown callers
+    key_refusals: KeyRefusals = field(default_factory=KeyRefusals)  # a valid key's refusals
 
     def __post_init__(self) -> None:
         self.replica_health = ReplicaHealth(self.health)

@@ -51,6 +51,13 @@ _APIS = {Endpoint.CHAT: Api.CHAT, Endpoint.COMPLETIONS: Api.COMPLETIONS,
          Endpoint.RESPONSES: Api.RESPONSES}
 
 
+# `x-should-retry` by status: false where no retry can help, true where one will (a 429 or
+# 503 also says when, in Retry-After). 408 and 409 are left to the client's own rule.
+_SHOULD_RETRY = {status: "false" for status in (400, 401, 403, 404, 405, 406, 411, 413, 415,
+                                                 422, 426, 431, 501)}
+_SHOULD_RETRY.update({429: "true", 503: "true"})
+
+
 @dataclass(eq=False)
 class ApiError(Exception):
     status: int
@@ -60,6 +67,14 @@ class ApiError(Exception):
     param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     close: bool = False  # close the connection after this answer
+    model: str | None = None  # the model the refused request named, once read (the log's)
+
+    def __post_init__(self) -> None:
+        # The official SDKs (and the agents on them) retry 401s, 404s... unless told not
+        # to: a wrong key otherwise keeps a client retrying for minutes.
+        should_retry = _SHOULD_RETRY.get(self.status)
+        if should_retry is not None and "x-should-retry" not in self.headers:
+            self.headers["x-should-retry"] = should_retry
 
     def body(self) -> dict[str, Any]:
         return {
@@ -106,6 +121,7 @@ class ParsedRequest:
     max_tokens: int | None
     raw: bytes = b""  # the body as received, for cheap size estimates
     queue_events: bool = False  # body asked for named queue events: slotgate.queue_events
+    dropped_tools: str | None = None  # tools a translation left out (comma-separated types)
 
 
 async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | None = None,
@@ -355,13 +371,41 @@ def _check_sequences(body: dict[str, Any], prompts: int, cap: int) -> None:
                   param)
 
 
-def upstream_body(parsed: ParsedRequest, upstream_model: str) -> bytes:
-    """The body sent upstream: the client's, with `model` rewritten and usage asked for."""
+def upstream_body(parsed: ParsedRequest, upstream_model: str,
+                  fold_system: bool = False) -> bytes:
+    """The body sent upstream: the client's, with `model` rewritten and usage asked for;
+    `fold_system`: its system messages made one, first (for an engine whose chat template
+    takes no other)."""
     body = dict(parsed.body)
     body["model"] = upstream_model
+    if fold_system and isinstance(body.get("messages"), list):
+        body["messages"] = folded(body["messages"])
     body.pop("slotgate", None)  # the gateway's own options never reach an engine
     if parsed.stream and not parsed.wants_usage:
         options = dict(body.get("stream_options") or {})
         options["include_usage"] = True
         body["stream_options"] = options
     return orjson.dumps(body)
+
+
+def folded(messages: list[Any]) -> list[Any]:
+    """`messages` with one system message, first: every system message's text joined in
+    order (a blank line between); the rest in order. Unchanged when there is nothing to
+    fold (no system message past the first place)."""
+    late = [i for i, m in enumerate(messages)
+            if i and isinstance(m, dict) and m.get("role") == "system"]
+    if not late:
+        return messages
+    systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
+    texts = [_text_of(m.get("content")) for m in systems]
+    rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") == "system")]
+    return [{"role": "system", "content": "\n\n".join(t for t in texts if t)}, *rest]
+
+
+def _text_of(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: their text
+        return "\n".join(part["text"] for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""

@@ -58,6 +58,7 @@ class RequestRecord:
     stream: bool = False
     status: int = 0
     error: str | None = None
+    param: str | None = None  # the request field a refusal names
     queue_wait_ms: float = 0.0
     slot_at: float | None = None  # perf_counter when the slot was granted
     slot_ms: float = 0.0  # how long the slot was held
@@ -71,8 +72,10 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
+    usage_rejected: bool = False  # the backend's usage was out of bounds: estimated instead
     phase: Phase = Phase.ADMISSION
     disconnect: Phase | None = None
+    dropped_tools: str | None = None  # hosted tools a Responses translation left out
 
 
 def new_id() -> str:

@@ -27,14 +27,24 @@ class EventTooLarge(Exception):
     """The upstream sent more than MAX_EVENT_BYTES without ending an event."""
 
 
+_NO_BOUND = 1 << 62
+
+
 @dataclass(slots=True)
 class Usage:
+    """The engine's token counts, accepted only within bounds: the request's `max_prompt`
+    and `max_completion` (router.request.usage.usage_bounds). Counts out of them, negative
+    or not integers are `rejected`: the gateway's estimate stands in for them."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    known: bool = False  # the backend reported it
+    known: bool = False  # the backend reported it, within bounds
     # What the gateway saw itself, for when the backend reports nothing (a stream cut
     # short, an engine without usage): one per streamed data event, whatever it held.
     seen_events: int = 0
+    max_prompt: int = _NO_BOUND
+    max_completion: int = _NO_BOUND
+    rejected: bool = False  # the backend reported counts out of bounds
 
     def update(self, usage: object) -> None:
         if isinstance(usage, dict):
@@ -42,10 +52,16 @@ class Usage:
             completion = usage.get("completion_tokens", usage.get("output_tokens"))
             if completion is None and "total_tokens" in usage:
                 completion = 0  # an embedding's usage: prompt and total tokens only
-            if isinstance(prompt, int) and isinstance(completion, int):
+            if prompt is None and completion is None:
+                return
+            if (type(prompt) is int and type(completion) is int  # not bool, not float
+                    and 0 <= prompt <= self.max_prompt
+                    and 0 <= completion <= self.max_completion):
                 self.prompt_tokens = prompt
                 self.completion_tokens = completion
                 self.known = True
+            else:
+                self.rejected = True
 
 
 class EventRelay:
@@ -55,12 +71,13 @@ class EventRelay:
     asked for (`choices: []` plus `usage`) is removed when the client did not ask for it.
     """
 
-    __slots__ = ("_pending", "strip_usage", "usage")
+    __slots__ = ("_pending", "strip_usage", "usage", "valid")
 
     def __init__(self, strip_usage: bool, usage: Usage) -> None:
         self._pending = b""
         self.strip_usage = strip_usage
         self.usage = usage
+        self.valid = False  # an event whose data is a JSON object came (parsed until then)
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._pending + chunk if self._pending else chunk
@@ -80,6 +97,8 @@ class EventRelay:
         # so a token's text cannot fake one.
         self.usage.seen_events += (whole.count(b"\n\ndata:") + whole.startswith(b"data:")
                                    - whole.count(b"data: [DONE]"))
+        if not self.valid:
+            self.valid = any(map(_is_object, _events(whole)))
         if _USAGE.search(whole) is None:
             return whole
         return b"".join(self._inspect(event) for event in _events(whole))
@@ -87,6 +106,8 @@ class EventRelay:
     def flush(self) -> bytes:
         """Whatever is left when the upstream ends (an unterminated last event)."""
         rest, self._pending = self._pending, b""
+        if not self.valid and rest:
+            self.valid = _is_object(rest)
         return rest
 
     def _inspect(self, event: bytes) -> bytes:
@@ -106,6 +127,17 @@ class EventRelay:
         if self.strip_usage and obj.get("choices") == []:
             return b""
         return event
+
+
+def _is_object(event: bytes) -> bool:
+    """Is `event`'s data a JSON object (what every API's stream events are)?"""
+    payload = _data(event)
+    if not payload.startswith(b"{"):
+        return False
+    try:
+        return isinstance(orjson.loads(payload), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def _events(whole: bytes) -> list[bytes]:

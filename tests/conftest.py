@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 # tests/engine drives a real llama.cpp server (minutes, its own venv): `make test-engine`.
 collect_ignore: list[str] = [] if os.environ.get("SLOTGATE_ENGINE") == "1" else ["engine"]
+# tests/agents drives the real Claude Code and Codex CLIs (npm): `make test-agents`.
+if os.environ.get("SLOTGATE_AGENTS") != "1":
+    collect_ignore.append("agents")
 # Debian's chromium, headless, as root, on a machine with no way out.
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -111,7 +111,7 @@ def test_what_counts_as_a_backend_failure_and_the_retry_budget() -> None:
 
     for kind in (FailureKind.REFUSED, FailureKind.CONNECT_TIMEOUT, FailureKind.DROPPED,
                  FailureKind.FIRST_BYTE_TIMEOUT, FailureKind.IDLE_TIMEOUT,
-                 FailureKind.BAD_RESPONSE):
+                 FailureKind.BAD_RESPONSE, FailureKind.BAD_ANSWER):
         assert blame(kind) is Blame.ENGINE and retryable(kind)
     assert all(engine_blame(status) is Blame.ENGINE for status in (502, 503, 504))
     assert engine_blame(500) is Blame.UNSURE  # the health check decides
@@ -268,6 +268,7 @@ def test_failure_kinds_keep_the_error_codes_and_metric_labels_of_old() -> None:
         FailureKind.IDLE_TIMEOUT: ("upstream_timeout", "timeout"),
         FailureKind.DROPPED: ("upstream_dropped", "dropped"),
         FailureKind.TOO_LARGE: ("upstream_too_large", "dropped"),
+        FailureKind.BAD_ANSWER: ("upstream_bad_answer", "invalid"),
         FailureKind.UPSTREAM_5XX: ("upstream_error", "status"),
         FailureKind.UPSTREAM_429: ("upstream_error", "status"),
         FailureKind.UPSTREAM_4XX: ("upstream_error", "status"),

@@ -159,7 +159,9 @@ async def test_a_ledger_without_replicas_is_migrated_in_place(ledger_target: str
         got = await store.fetch(RowFilter())
         assert [(r.id, r.key_id, r.replica) for r in got] == [
             ("row-1", "team-a", None), ("row-2", None, "big-1"), ("row-3", None, "small")]
-        assert got[0] == row(1, key_id="team-a")  # the old row unchanged otherwise
+        # The old row unchanged otherwise (its usage never checked: None, not False).
+        assert got[0] == row(1, key_id="team-a", usage_rejected=None)
+        assert got[1].usage_rejected is False
     finally:
         await store.close()
     reopened = open_store(ledger_target)  # a restart finds the step done and runs it no more
@@ -183,7 +185,7 @@ async def test_a_ledger_without_objectives_is_migrated_in_place(ledger_target: s
         got = await store.fetch(RowFilter())
         assert [(r.id, r.priority, r.slo_ttft_ms, r.predicted_ttft_ms) for r in got] == [
             ("row-1", None, None, None), ("row-2", "critical", 2000.0, 412.5)]
-        assert got[0] == row(1, replica="big-0") and got[1] == kept
+        assert got[0] == row(1, replica="big-0", usage_rejected=None) and got[1] == kept
     finally:
         await store.close()
     reopened = open_store(ledger_target)  # a restart finds every step done
@@ -193,6 +195,23 @@ async def test_a_ledger_without_objectives_is_migrated_in_place(ledger_target: s
     finally:
         await reopened.close()
     assert SCHEMA_VERSION >= 4
+
+
+async def test_a_ledger_without_usage_checks_is_migrated_in_place(ledger_target: str) -> None:
+    """Step 6 on a ledger of schema 5: rows written before it read back with
+    usage_rejected None (never checked); new rows keep the flag, set or not."""
+    await _make_old_ledger(ledger_target, row(1, api="chat"), version=5,
+                           first_new="usage_rejected")
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        await store.write([row(2, usage_rejected=True, tokens_estimated=True), row(3)])
+        got = await store.fetch(RowFilter())
+        assert [(r.id, r.usage_rejected) for r in got] == [
+            ("row-1", None), ("row-2", True), ("row-3", False)]
+    finally:
+        await store.close()
+    assert SCHEMA_VERSION >= 6
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/other"])
@@ -211,7 +230,8 @@ async def test_a_ledger_without_apis_is_migrated_in_place(ledger_target: str,
         migrated = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
         assert [(r.id, r.api) for r in got] == [("row-1", migrated.get(path)),
                                                 ("row-2", "embeddings")]
-        assert got[0] == row(1, endpoint=path, priority="standard", api=migrated.get(path))
+        assert got[0] == row(1, endpoint=path, priority="standard", api=migrated.get(path),
+                             usage_rejected=None)
         assert got[1] == kept
     finally:
         await store.close()
@@ -221,7 +241,7 @@ async def test_a_ledger_without_apis_is_migrated_in_place(ledger_target: str,
         assert len(await reopened.fetch(RowFilter())) == 2
     finally:
         await reopened.close()
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION >= 5
 
 
 async def test_spend_per_key_since_a_time(ledger_target: str) -> None:

@@ -264,8 +264,16 @@ async def test_x_api_key_and_bearer_both_authenticate(
         async with http.post(gw.url + "/v1/messages", json={
                 "model": "chat", "max_tokens": 5, "messages": ASK},
                 headers={"x-api-key": "sk-ant-good", "Authorization": "Bearer other"}) as resp:
-            assert resp.status == 400
-            assert (await resp.json())["error"]["type"] == "invalid_request_error"
+            assert resp.status == 401
+            error = (await resp.json())["error"]
+            assert error["type"] == "authentication_error"
+            assert "'Authorization: Bearer' and 'x-api-key'" in error["message"]
+            assert resp.headers["x-should-retry"] == "false"
+        async with http.post(gw.url + "/v1/messages", json={  # the same key twice: that key
+                "model": "chat", "max_tokens": 5, "messages": ASK},
+                headers={"x-api-key": "sk-ant-good", "Authorization": "Bearer sk-ant-good"}
+        ) as resp:
+            assert resp.status == 200
     await assert_idle(gw)
 
 

@@ -86,11 +86,29 @@ def test_content_blocks(messages: Any, expected: Any) -> None:
     assert chat(messages=messages)["messages"] == expected
 
 
+def test_a_system_turn_in_messages_stays_at_its_place() -> None:
+    """Claude Code's shape (the mid-conversation-system beta): a system turn after the
+    prompt, then the tool round trip."""
+    messages = [*USER, {"role": "system", "content": "Available agent types: ..."},
+                {"role": "assistant", "content": [CALL]},
+                {"role": "user", "content": [RESULT]},
+                {"role": "system", "content": [{"type": "text", "text": "a"},
+                                               {"type": "text", "text": "b"}]}]
+    expected = [*USER, {"role": "system", "content": "Available agent types: ..."},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "toolu_1", "type": "function",
+                     "function": {"name": "get", "arguments": '{"a":1}'}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "done"},
+                {"role": "system", "content": "a\nb"}]
+    assert chat(messages=messages)["messages"] == expected
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"max_tokens": None}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+    ({"messages": [*USER, {"role": "system", "content": [{"type": "image"}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
      "messages"),
     ({"messages": [{"role": "assistant", "content": [IMAGE]}]}, "messages"),

@@ -15,8 +15,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from router.apis.responses_answer import Echo, to_response
-from router.apis.responses_request import Unsupported, to_chat
+from router.apis.responses_request import to_chat
 from router.apis.responses_stream import ResponseStream
+from router.apis.responses_tools import Called, Unsupported, chat_tools, tool_names
 from router.sse import Usage
 from tests.support.responses import (
     WEATHER,
@@ -55,7 +56,7 @@ def chat(**fields: Any) -> dict[str, Any]:
          "type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}})),
 ])
 def test_request_fields(fields: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert to_chat({"model": "chat", **fields}) == expected
+    assert to_chat({"model": "chat", **fields}).body == expected
 
 
 @pytest.mark.parametrize(("items", "expected"), [
@@ -85,14 +86,14 @@ def test_request_fields(fields: dict[str, Any], expected: dict[str, Any]) -> Non
      [{"role": "user", "content": "hi"}]),
 ])
 def test_input_items(items: Any, expected: Any) -> None:
-    assert to_chat({"model": "chat", "input": items})["messages"] == expected
+    assert to_chat({"model": "chat", "input": items}).body["messages"] == expected
 
 
 def test_reasoning_to_carry_is_no_server_data() -> None:
     """Codex asks for its reasoning back with store: false; a chat engine has none."""
     asked = {"model": "chat", "input": "hi", "store": False,
              "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}}
-    assert to_chat(asked) == chat(messages=[{"role": "user", "content": "hi"}])
+    assert to_chat(asked).body == chat(messages=[{"role": "user", "content": "hi"}])
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -105,8 +106,8 @@ def test_reasoning_to_carry_is_no_server_data() -> None:
     ({"include": ["reasoning.encrypted_content", "web_search_call.action.sources"]},
      "include"),
     ({"include": "x"}, "include"),
-    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools"),
-    ({"tools": [{"type": "computer_use_preview"}]}, "tools"),
+    ({"tools": [{"type": "hosted_by_nobody"}]}, "tools"),
+    ({"tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "mcp"}]}]}, "tools"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"input": [{"type": "item_reference", "id": "msg_0"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
@@ -181,7 +182,7 @@ def conversations(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=200, deadline=None)
 @given(conversations())
 def test_a_conversation_round_trips(conversation: dict[str, Any]) -> None:
-    assert to_chat(responses_of(conversation)) == conversation
+    assert to_chat(responses_of(conversation)).body == conversation
 
 
 @st.composite
@@ -281,3 +282,115 @@ def test_a_stream_that_ends_without_done_still_ends() -> None:
     final = accumulate(events)
     assert final["status"] == "completed"
     assert final["usage"]["input_tokens"] == 5 and final["usage"]["output_tokens"] == 1
+
+
+# -- tools as Codex sends them ----------------------------------------------------------------
+
+SPAWN = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}
+PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+
+
+def test_tools_are_flattened_and_hosted_ones_dropped() -> None:
+    tools = [{"type": "namespace", "name": "mcp__srv__", "description": "",
+              "tools": [SPAWN, {**PATCH, "name": "_edit"}]},
+             {"type": "web_search_preview_2025_03_11"}, PATCH, {"type": "web_search"},
+             {"type": "file_search", "vector_store_ids": []}, {"type": "web_search"}]
+    functions, dropped = chat_tools(tools, refuse_hosted=False)
+    assert [f["function"]["name"] for f in functions] == [
+        "mcp__srv__spawn_agent", "mcp__srv__edit", "apply_patch"]
+    assert dropped == ["web_search_preview_2025_03_11", "web_search", "file_search"]
+    assert functions[2]["function"]["parameters"]["required"] == ["input"]
+    assert functions[2]["function"]["description"].startswith("Edit files.")
+    assert "start: /.+/" in functions[2]["function"]["description"]
+    assert tool_names(tools) == {"mcp__srv__spawn_agent": Called("mcp__srv__", "spawn_agent",
+                                                                 False),
+                                 "mcp__srv__edit": Called("mcp__srv__", "_edit", True),
+                                 "apply_patch": Called(None, "apply_patch", True)}
+
+
+@pytest.mark.parametrize("tools", [
+    [{"type": "code_interpreter", "container": {"type": "auto"}}],
+    [SPAWN, {"type": "image_generation"}],
+    [{"type": "namespace", "name": "a", "tools": [SPAWN]},
+     {"type": "function", "name": "a__spawn_agent"}],  # the same name once flattened
+    [{"type": "namespace", "name": "a"}],
+])
+def test_tools_refused(tools: list[Any]) -> None:
+    with pytest.raises(Unsupported) as refused:
+        chat_tools(tools, refuse_hosted=True)
+    assert refused.value.param == "tools"
+
+
+def test_every_tool_dropped_leaves_no_tool_choice() -> None:
+    asked = {"model": "chat", "input": "hi", "tools": [{"type": "web_search"}],
+             "tool_choice": "required"}
+    translated = to_chat(asked)
+    assert translated.body == chat(messages=[{"role": "user", "content": "hi"}])
+    assert translated.dropped == ["web_search"]
+
+
+def test_calls_sent_back_name_the_flat_tool() -> None:
+    items = [{"type": "function_call", "call_id": "c1", "name": "spawn_agent",
+              "namespace": "multi_agent_v1", "arguments": "{}"},
+             {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch",
+              "input": "*** Begin Patch"},
+             {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+             {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"}]
+    messages = to_chat({"model": "chat", "input": items}).body["messages"]
+    assert messages == [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "multi_agent_v1__spawn_agent", "arguments": "{}"}},
+            {"id": "c2", "type": "function",
+             "function": {"name": "apply_patch",
+                          "arguments": '{"input":"*** Begin Patch"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c2", "content": "done"}]
+
+
+NAMED = Echo("resp_1", "chat", 1700000000, called={
+    "ns__f": Called("ns", "f", False), "patch": Called(None, "patch", True),
+    "ns__p": Called("ns", "p", True)})
+
+
+@st.composite
+def named_completions(draw: st.DrawFn) -> dict[str, Any]:
+    """Completions calling namespaced, custom and plain tools (a custom tool's input any
+    text, or arguments of another shape)."""
+    made = []
+    for i in range(draw(st.integers(1, 3))):
+        name = draw(st.sampled_from(["ns__f", "patch", "ns__p", "plain"]))
+        value = draw(st.one_of(st.builds(lambda t: {"input": t}, texts), arguments))
+        made.append({"id": f"call_{i}", "type": "function",
+                     "function": {"name": name, "arguments": orjson.dumps(value).decode()}})
+    return {"choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": None,
+                                     "tool_calls": made}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+
+
+@settings(max_examples=100, deadline=None)
+@given(named_completions(), st.lists(st.integers(0, 1000), max_size=6))
+def test_calls_come_back_under_the_clients_names(completion: dict[str, Any],
+                                                 cuts: list[int]) -> None:
+    whole = to_response(completion, NAMED)
+    Response.model_validate(whole)
+    relay = ResponseStream(NAMED, Usage(), input_estimate=7)
+    events = parse_stream(relay.feed(_chunks(completion, cuts)) + relay.flush())
+    for event in events:
+        EVENT.validate_python(event)
+    assert accumulate(events) == whole
+    for item, call in zip(whole["output"], completion["choices"][0]["message"]["tool_calls"],
+                          strict=True):
+        called = NAMED.called.get(call["function"]["name"])
+        assert item.get("namespace") == (called.namespace if called else None)
+        assert item["name"] == (called.name if called else "plain")
+        sent = orjson.loads(call["function"]["arguments"])
+        if called is not None and called.custom:
+            assert item["type"] == "custom_tool_call"
+            assert item["input"] == (sent["input"] if isinstance(sent, dict) and isinstance(
+                sent.get("input"), str) else call["function"]["arguments"])
+        else:
+            assert item["type"] == "function_call"
+            assert item["arguments"] == call["function"]["arguments"]

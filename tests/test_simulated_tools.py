@@ -1,6 +1,7 @@
 """The simulated engine's tool calls, through the official `openai` SDK: a call of the
-first (or the named) tool with arguments from its schema, streamed as tool_call deltas,
-and text instead with `tool_choice: none` or once the conversation ends with a result."""
+first shell (else the first, or the named) tool with arguments from its schema, streamed as
+tool_call deltas, and text instead with `tool_choice: none` or once the turn holds a result;
+its `stop` strings and prompt token counts."""
 
 from __future__ import annotations
 
@@ -87,3 +88,61 @@ async def test_max_tokens_cuts_a_call(client: openai.AsyncOpenAI) -> None:
     choice = answer.choices[0]
     assert choice.finish_reason == "length" and answer.usage is not None
     assert answer.usage.completion_tokens == 2
+
+
+SHELL: Any = {"type": "function", "function": {"name": "Bash", "parameters": {
+    "type": "object", "required": ["command"], "properties": {"command": {"type": "string"}}}}}
+CALL: Any = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]}
+
+
+async def test_an_agent_loop_ends_after_one_round_trip(client: openai.AsyncOpenAI) -> None:
+    """The shell is picked over the first tool, with a harmless command; a result followed by
+    a system turn and the client's own text (Claude Code's reminders) ends in text; a new
+    prompt after the text answer calls again."""
+    first = await client.chat.completions.create(model="m", messages=ASK, tools=[*TOOLS, SHELL])
+    [call] = first.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.function.name == "Bash"
+    assert orjson.loads(call.function.arguments) == {"command": "echo slotgate-simulated"}
+    history: Any = [*ASK, {"role": "system", "content": "agent types"}, CALL,
+                    {"role": "tool", "tool_call_id": "c1", "content": "slotgate-simulated"},
+                    {"role": "user", "content": "<system-reminder>...</system-reminder>"}]
+    done = await client.chat.completions.create(model="m", messages=history, tools=[SHELL])
+    assert done.choices[0].finish_reason == "stop" and done.choices[0].message.content
+    again = [*history, {"role": "assistant", "content": "done"}, *ASK]
+    more = await client.chat.completions.create(model="m", messages=again, tools=[SHELL])
+    assert more.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_command_as_an_argv_array() -> None:
+    schema = {"required": ["command"], "properties": {"command": {"type": "array"}}}
+    assert arguments(schema) == {"command": ["bash", "-lc", "echo slotgate-simulated"]}
+    assert arguments({"required": ["cmd"], "properties": {"cmd": {"type": "string"}}}) == {
+        "cmd": "echo slotgate-simulated"}
+
+
+async def test_tools_and_calls_count_as_prompt_tokens(client: openai.AsyncOpenAI) -> None:
+    plain = await client.chat.completions.create(model="m", messages=ASK)
+    with_tools = await client.chat.completions.create(model="m", messages=ASK, tools=TOOLS,
+                                                      tool_choice="none")
+    assert plain.usage and with_tools.usage
+    assert with_tools.usage.prompt_tokens == plain.usage.prompt_tokens + len(
+        orjson.dumps(TOOLS)) // 4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_stop_cuts_the_text_before_the_match(client: openai.AsyncOpenAI,
+                                                   stream: bool) -> None:
+    if not stream:
+        answer = await client.chat.completions.create(model="m", messages=ASK,
+                                                      stop=["xyz", "own f"])
+        choice = answer.choices[0]
+        assert (choice.message.content, choice.finish_reason) == ("the quick br", "stop")
+        assert choice.model_dump()["stop_reason"] == "own f"
+        assert answer.usage and answer.usage.completion_tokens == 3
+        return
+    chunks = [c async for c in await client.chat.completions.create(
+        model="m", messages=ASK, stop="fox", stream=True)]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "the quick brown "
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_dump()["stop_reason"] == "fox"

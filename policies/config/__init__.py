@@ -13,7 +13,7 @@ from typing import Self
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from policies.config.auth import ApiKeyConfig, AuthConfig, BudgetConfig, Public
+from policies.config.auth import ApiKeyConfig, AuthConfig, BudgetConfig, KeyScope, Public
 from policies.config.backends import (
     AffinityConfig,
     BackendConfig,
@@ -24,6 +24,7 @@ from policies.config.backends import (
     RatesHint,
     SignalsConfig,
     SimulatedSpec,
+    SystemMessages,
     target_problem,
 )
 from policies.config.base import (
@@ -41,9 +42,11 @@ from policies.config.routes import (
     ArmFallbackConfig,
     ExperimentConfig,
     FallbackWhen,
+    HostedTools,
     Intent,
     RouteConfig,
     RouteFallbackConfig,
+    RouteResponsesConfig,
     check_experiments,
     cross_check,
 )
@@ -76,7 +79,9 @@ __all__ = [
     "EndpointConfig",
     "ExperimentConfig",
     "FallbackWhen",
+    "HostedTools",
     "Intent",
+    "KeyScope",
     "LedgerConfig",
     "Loc",
     "LoggingConfig",
@@ -92,12 +97,14 @@ __all__ = [
     "RedisDown",
     "RouteConfig",
     "RouteFallbackConfig",
+    "RouteResponsesConfig",
     "RouteSloConfig",
     "ServerConfig",
     "SignalsConfig",
     "SimulatedSpec",
     "SloConfig",
     "StrictModel",
+    "SystemMessages",
     "TracingConfig",
     "check_experiments",
     "cross_check",

@@ -28,6 +28,12 @@ class BudgetConfig(StrictModel):
         return self
 
 
+class KeyScope(enum.StrEnum):
+    """What a key may read beyond its own tenant's."""
+
+    METRICS = "metrics"  # every tenant's series in /metrics and rows in /dashboard/events
+
+
 class ApiKeyConfig(StrictModel):
     """One client key: stored as its SHA-256 (hex), or read from an environment variable."""
 
@@ -35,7 +41,8 @@ class ApiKeyConfig(StrictModel):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     tenant: str = Field(min_length=1, max_length=64)
-    admin: bool = False  # may call /admin/*
+    admin: bool = False  # may call /admin/* (and sees every tenant, as `metrics` does)
+    scopes: frozenset[KeyScope] = frozenset()  # `metrics`: a scrape key
     priority: Priority = Priority.STANDARD
     # Its tenant's share of a `fair` queue: served tokens count 1/weight against it.
     weight: float = Field(default=1.0, gt=0, le=1000)
@@ -59,6 +66,9 @@ class Public(enum.StrEnum):
     MODELS = "models"  # GET /v1/models: the public model (route) names
     OPENAPI = "openapi"  # GET /openapi.json
     PAGES = "pages"  # the dashboard's live feed, GET /dashboard/events (live load)
+    # Every tenant's series and rows to anyone who may read /metrics or the feed (before,
+    # what every scrape saw); without it, only an admin or `metrics` key sees them.
+    TENANTS = "tenants"
 
 
 class AuthConfig(StrictModel):

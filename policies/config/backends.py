@@ -133,6 +133,13 @@ class SignalsConfig(StrictModel):
     stale_after_s: PositiveSeconds = 15.0  # an older reading counts as none
 
 
+class SystemMessages(enum.StrEnum):
+    """Where a chat request's system messages reach the engine."""
+
+    KEEP = "keep"  # each at its place in the conversation (most chat templates allow it)
+    FOLD = "fold"  # one leading system message: later ones appended to it, in order
+
+
 class QueueOrder(enum.StrEnum):
     """Who among the waiters of one priority class is served next."""
 
@@ -171,6 +178,8 @@ class BackendConfig(StrictModel):
     # slot at once ("abort"), or keep the slot and read the answer to its end ("drain", for
     # engines that finish such work anyway). A cut stream is always closed upstream.
     on_disconnect: Literal["abort", "drain"] = "abort"
+    # For engines whose chat template takes one system message, at the start only.
+    system_messages: SystemMessages = SystemMessages.KEEP
     price: PriceConfig | None = None  # None: the ledger counts this backend as free
 
     @model_validator(mode="before")

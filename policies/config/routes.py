@@ -46,12 +46,31 @@ class RouteFallbackConfig(StrictModel):
     min_confidence: float = Field(default=0.8, ge=0.0, le=1.0)
 
 
+class HostedTools(enum.StrEnum):
+    """What a translated Responses request's hosted tools (web_search, file_search...: tools
+    the server would run, which a chat engine cannot) become."""
+
+    DROP = "drop"  # left out of what the engine sees, named in a header and the log
+    REFUSE = "refuse"  # 400, naming the tool
+
+
+class RouteResponsesConfig(StrictModel):
+    """How the route serves the OpenAI Responses API (docs/responses-api.md)."""
+
+    hosted_tools: HostedTools = HostedTools.DROP
+    # Passed through to an engine that serves Responses itself: may `store: true` and
+    # `previous_response_id` reach it? Off: `store` is sent as false and a
+    # `previous_response_id` is refused, since the engine's account is every tenant's.
+    stored: bool = False
+
+
 class RouteConfig(StrictModel):
     primary: str
     fallbacks: tuple[str, ...] = ()
     overflow: Overflow = Overflow.FALLBACK
     fallback: RouteFallbackConfig = RouteFallbackConfig(when=FallbackWhen.NEVER)
     slo: RouteSloConfig = RouteSloConfig()  # the classes it names override the top level's
+    responses: RouteResponsesConfig = RouteResponsesConfig()
 
 
 def cross_check(

@@ -90,3 +90,7 @@ class LoggingConfig(StrictModel):
     # Refusals of callers without a valid key: at most one line per status per interval
     # (0: every one), carrying the count of lines left out since.
     refusal_interval_s: float = Field(default=1.0, ge=0, le=3600)
+    # A valid key's refusals before any engine work (4xx: malformed, over its limits...):
+    # at most this many access lines and ledger rows per key per second (0: every one),
+    # the next one written carrying the count left out. Metrics count every one.
+    refusals_per_key_s: int = Field(default=10, ge=0, le=100_000)

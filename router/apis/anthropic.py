@@ -6,6 +6,8 @@ engine's chat answer translated to a message or to Anthropic's event stream.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from aiohttp import web
 
@@ -52,7 +54,9 @@ def parse_messages(raw: bytes, limits: ServerConfig, *, count_only: bool = False
     try:
         return body, to_chat(body, count_only=count_only)
     except Unsupported as exc:
-        raise invalid(exc.message, exc.param) from None
+        err = invalid(exc.message, exc.param)
+        err.model = body["model"] if isinstance(body.get("model"), str) else None
+        raise err from None
 
 
 class MessagesTranslation:
@@ -63,11 +67,7 @@ class MessagesTranslation:
     def __init__(self, message_id: str, model: str, input_estimate: int) -> None:
         self.message_id, self.model, self.input_estimate = message_id, model, input_estimate
 
-    def answer(self, raw: bytes) -> bytes:
-        try:
-            chat = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            chat = None
+    def answer(self, chat: dict[str, Any]) -> bytes:
         return orjson.dumps(to_message(chat, self.message_id, self.model,
                                        self.input_estimate))
 

@@ -5,6 +5,7 @@ model list in Anthropic's shape, for `GET /v1/models` with an `anthropic-version
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from router.openai_api import (
     check_content_type,
     read_body,
 )
+from router.request.big_body import BIG_BODY
 from router.request.body import BodyHold
 
 
@@ -28,11 +30,17 @@ async def count_tokens(request: web.Request) -> web.Response:
     if (refused := gw.guard(request, None, ANTHROPIC)) is not None:
         return refused
     hold = BodyHold(gw.bodies, server.max_inflight_body_bytes, gw.bodies_full)
+    big = False
     try:
         check_content_type(request)
         check_content_encoding(request)
         raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s, hold)
-        _, chat = parse_messages(raw, server, count_only=True)
+        if len(raw) < BIG_BODY:
+            _, chat = parse_messages(raw, server, count_only=True)
+        else:  # off the loop (router.request.big_body)
+            big = True
+            _, chat = await gw.big_bodies.parse(partial(parse_messages, count_only=True),
+                                                raw, server)
         if chat["model"] not in gw.config.routes:
             raise ApiError(404, f"model: {chat['model']}", code="model_not_found",
                            param="model")
@@ -41,6 +49,8 @@ async def count_tokens(request: web.Request) -> web.Response:
         return ANTHROPIC.error_response(err, server.retry_after_min_s)
     finally:
         hold.release()
+        if big:
+            gw.big_bodies.ended()
 
 
 def model_list(names: list[str]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 I/O; raises `Unsupported` (a 400 naming the field) for what it cannot translate.
 
 Translated: `system` (a string or text blocks), `messages` (text, image with a base64 or
-url source, tool_use, tool_result), `tools` (custom tools: name, description,
+url source, tool_use, tool_result; a `system` turn, as Claude Code sends, becomes a chat
+system message at its place), `tools` (custom tools: name, description,
 input_schema), `tool_choice` (auto, any, tool, none; `disable_parallel_tool_use`),
 `max_tokens` (required), `stop_sequences`, `temperature`, `top_p`, `top_k` (passed on as
 an extra field, which vLLM and SGLang read), `metadata.user_id` (-> `user`), `stream`.
@@ -20,6 +21,8 @@ import orjson
 REFUSED_FIELDS = ("mcp_servers", "container")
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _IGNORED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+# The image types Anthropic's API accepts; anything else would be spliced into a data URL.
+IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
 class Unsupported(ValueError):
@@ -89,7 +92,10 @@ def to_chat(body: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]
     return chat
 
 
-def _system(system: object) -> list[dict[str, Any]]:
+def _system(system: object, where: str = "system") -> list[dict[str, Any]]:
+    """The chat system message of `system` (the top-level field, or a system turn's
+    content at `where`): a string or text blocks."""
+    param = where.split(".", 1)[0]
     if system is None:
         return []
     if isinstance(system, str):
@@ -99,10 +105,10 @@ def _system(system: object) -> list[dict[str, Any]]:
         for i, block in enumerate(system):
             if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(
                     block.get("text"), str):
-                raise Unsupported(f"system.{i}: only text blocks are supported", "system")
+                raise Unsupported(f"{where}.{i}: only text blocks are supported", param)
             texts.append(block["text"])
         return [{"role": "system", "content": "\n".join(texts)}] if texts else []
-    raise Unsupported("system: must be a string or an array of text blocks", "system")
+    raise Unsupported(f"{where}: must be a string or an array of text blocks", param)
 
 
 def _message(message: object, i: int) -> list[dict[str, Any]]:
@@ -110,8 +116,11 @@ def _message(message: object, i: int) -> list[dict[str, Any]]:
     if not isinstance(message, dict):
         raise Unsupported(f"{where}: must be an object", "messages")
     role = message.get("role")
+    if role == "system":  # a system turn at its place (the mid-conversation-system beta)
+        return _system(message.get("content"), f"{where}.content")
     if role not in ("user", "assistant"):
-        raise Unsupported(f"{where}.role: must be 'user' or 'assistant'", "messages")
+        raise Unsupported(f"{where}.role: must be 'user', 'assistant' or 'system'",
+                          "messages")
     content = message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
@@ -216,6 +225,9 @@ def _image(block: dict[str, Any], at: str) -> dict[str, Any]:
     if isinstance(source, dict):
         if source.get("type") == "base64" and isinstance(source.get("data"), str) and \
                 isinstance(source.get("media_type"), str):
+            if source["media_type"] not in IMAGE_MEDIA_TYPES:  # spliced into a data URL
+                raise Unsupported(f"{at}.source.media_type: must be one of "
+                                  f"{', '.join(sorted(IMAGE_MEDIA_TYPES))}", "messages")
             url = f"data:{source['media_type']};base64,{source['data']}"
             return {"type": "image_url", "image_url": {"url": url}}
         if source.get("type") == "url" and isinstance(source.get("url"), str):

@@ -54,6 +54,11 @@ class ChunkTranslator:
         out.append(self._end())
         return b"".join(out)
 
+    @property
+    def valid(self) -> bool:
+        """Has the engine sent one valid event (a JSON object) yet?"""
+        return self.usage.seen_events > 0
+
     def _start(self) -> bytes:
         """The opening events; sets `_started`."""
         raise NotImplementedError

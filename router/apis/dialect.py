@@ -10,7 +10,7 @@ chunk for the OpenAI dialect: its `translation` is None and the proxy's fast pat
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -26,12 +26,17 @@ class Relay(Protocol):
 
     def flush(self) -> bytes: ...
 
+    @property
+    def valid(self) -> bool:
+        """Has the engine sent one valid event (a JSON object) yet?"""
+        ...
+
 
 class Translation(Protocol):
     """One request's answer, rendered in its client's API from the engine's chat answer."""
 
-    def answer(self, raw: bytes) -> bytes:
-        """The whole (non-streaming) answer's body."""
+    def answer(self, chat: dict[str, Any]) -> bytes:
+        """The whole (non-streaming) answer's body, from the engine's (parsed) answer."""
         ...
 
     def relay(self, usage: Usage) -> Relay:

@@ -1,10 +1,12 @@
 """An engine's chat completion, translated to a Responses API response object. Pure.
 
 The output: one `message` item (its text as an `output_text` part) when the engine said
-something, then one `function_call` item per tool call. `finish_reason: length` makes
-the response `incomplete` (`max_output_tokens`); anything else `completed`. The items
-are built by the same functions for the whole answer and for the stream's events, so
-that a stream's `response.completed` carries what the whole answer would have.
+something, then one `function_call` item per tool call (a `custom_tool_call` for a custom
+tool; a namespaced tool's call carries `namespace` and the tool's own `name`).
+`finish_reason: length` makes the response `incomplete` (`max_output_tokens`); anything
+else `completed`. The items are built by the same functions for the whole answer and
+for the stream's events, so that a stream's `response.completed` carries what the whole
+answer would have.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from router.apis.responses_tools import Called, custom_input
+
 
 @dataclass(slots=True)
 class Echo:
@@ -24,6 +28,7 @@ class Echo:
     model: str
     created_at: int = field(default_factory=lambda: int(time.time()))
     request: dict[str, Any] = field(default_factory=dict)
+    called: dict[str, Called] = field(default_factory=dict)  # engine name -> client's
 
     @property
     def message_id(self) -> str:
@@ -43,8 +48,28 @@ def message_item(echo: Echo, text: str, status: str = "completed") -> dict[str, 
 
 def call_item(echo: Echo, index: int, call_id: str, name: str, arguments: str,
               status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": echo.call_id(index), "call_id": call_id,
-            "name": name, "arguments": arguments, "status": status}
+    """The item of the engine's call of `name`, under the name the client gave the tool."""
+    called = echo.called.get(name)
+    if called is None:
+        return {"type": "function_call", "id": echo.call_id(index), "call_id": call_id,
+                "name": name, "arguments": arguments, "status": status}
+    if called.custom:
+        item = {"type": "custom_tool_call", "id": echo.call_id(index), "call_id": call_id,
+                "name": called.name, "input": custom_input(arguments) if arguments else "",
+                "status": status}
+    else:
+        item = {"type": "function_call", "id": echo.call_id(index), "call_id": call_id,
+                "name": called.name, "arguments": arguments, "status": status}
+    if called.namespace is not None:
+        item["namespace"] = called.namespace
+    return item
+
+
+def call_done(item: dict[str, Any], arguments: str) -> dict[str, Any]:
+    """An open call item (`call_item`'s) completed with the engine's whole `arguments`."""
+    if item["type"] == "custom_tool_call":
+        return {**item, "input": custom_input(arguments), "status": "completed"}
+    return {**item, "arguments": arguments, "status": "completed"}
 
 
 def response_object(echo: Echo, output: list[dict[str, Any]], status: str,

@@ -1,18 +1,28 @@
 """An OpenAI Responses request, translated to a chat completions request. Pure: no I/O.
 
-The stateless subset: `input` (a string, or message, function_call and
-function_call_output items), `instructions` (the system message), function tools,
-`tool_choice`, `max_output_tokens`, `temperature`, `top_p`, `user`, `parallel_tool_calls`,
-`text.format` (as `response_format`) and `stream`. What needs state kept by the server
+The stateless subset: `input` (a string, or message, function_call, function_call_output,
+custom_tool_call and custom_tool_call_output items), `instructions` (the system message),
+function, custom and namespace tools (router.apis.responses_tools), `tool_choice`,
+`max_output_tokens`, `temperature`, `top_p`, `user`, `parallel_tool_calls`, `text.format`
+(as `response_format`) and `stream`. What needs state kept by the server
 (`previous_response_id`, `store: true`, `background`, `conversation`, stored prompts,
-item references, `include`) and the built-in tools are refused (`Unsupported`, the
-parameter named): they are served only by a backend that speaks the Responses API itself.
-Reasoning items a client sends back are dropped (a chat engine cannot read them).
+item references, `include`) is refused (`Unsupported`, the parameter named): it is served
+only by a backend that speaks the Responses API itself. Hosted tools are dropped (named
+in the `Chat` returned) or refused, as the route says. Reasoning items a client sends
+back are dropped (a chat engine cannot read them).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
+
+from router.apis.responses_tools import (
+    Unsupported,
+    chat_tools,
+    custom_arguments,
+    flat_name,
+)
 
 # Sampling parameters passed on under the same name.
 _SAME = ("temperature", "top_p", "user", "parallel_tool_calls")
@@ -22,12 +32,12 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system",
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
 
 
-class Unsupported(Exception):
-    """A request the translation cannot carry: `param` names what the client sent."""
+@dataclass(slots=True)
+class Chat:
+    """The chat completions body, and the hosted tools left out of it."""
 
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.message, self.param = message, param
+    body: dict[str, Any]
+    dropped: list[str] = field(default_factory=list)
 
 
 def stateful(body: dict[str, Any]) -> Unsupported | None:
@@ -59,8 +69,9 @@ def _includes_server_data(include: object) -> bool:
         not isinstance(what, str) or what not in _STATELESS_INCLUDES for what in include)
 
 
-def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat completions body of the Responses request `body`."""
+def to_chat(body: dict[str, Any], refuse_hosted: bool = False) -> Chat:
+    """The chat completions body of the Responses request `body` (`refuse_hosted`: a
+    hosted tool is refused rather than dropped)."""
     refused = stateful(body)
     if refused is not None:
         raise refused
@@ -90,16 +101,21 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["max_tokens"] = limit
     if body.get("stream") is not None:
         chat["stream"] = body["stream"]
+    dropped: list[str] = []
     tools = body.get("tools")
     if tools:
-        chat["tools"] = [_tool(tool, i) for i, tool in enumerate(_array(tools, "tools"))]
+        functions, dropped = chat_tools(_array(tools, "tools"), refuse_hosted)
+        if functions:
+            chat["tools"] = functions
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        choice = _tool_choice(body["tool_choice"])
+        if "tools" in chat or not dropped:  # every tool dropped: nothing to choose from
+            chat["tool_choice"] = choice
     if (fmt := _response_format(body.get("text"))) is not None:
         chat["response_format"] = fmt
     if body.get("slotgate") is not None:
         chat["slotgate"] = body["slotgate"]
-    return chat
+    return Chat(chat, dropped)
 
 
 def _item(item: object, i: int, messages: list[dict[str, Any]]) -> None:
@@ -113,20 +129,13 @@ def _item(item: object, i: int, messages: list[dict[str, Any]]) -> None:
             raise Unsupported(f"'input[{i}].role' must be user, assistant, system or "
                               "developer.", "input")
         messages.append({"role": role, "content": _content(item.get("content"), i, role)})
-    elif kind == "function_call":
-        call = {"id": str(item.get("call_id") or item.get("id") or f"call_{i}"),
-                "type": "function",
-                "function": {"name": str(item.get("name") or ""),
-                             "arguments": _string(item.get("arguments"), "{}")}}
-        last = messages[-1] if messages else None
-        if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-            last["tool_calls"].append(call)  # parallel calls: one assistant turn
-        elif last is not None and last["role"] == "assistant" and isinstance(
-                last.get("content"), str):
-            last["tool_calls"] = [call]
-        else:
-            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    elif kind == "function_call_output":
+    elif kind in ("function_call", "custom_tool_call"):
+        arguments = (_string(item.get("arguments"), "{}") if kind == "function_call"
+                     else custom_arguments(item.get("input")))
+        _call(messages, {"id": str(item.get("call_id") or item.get("id") or f"call_{i}"),
+                         "type": "function",
+                         "function": {"name": _called(item), "arguments": arguments}})
+    elif kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
         text = output if isinstance(output, str) else _text_of(output)
         messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
@@ -136,6 +145,24 @@ def _item(item: object, i: int, messages: list[dict[str, Any]]) -> None:
     else:
         raise Unsupported(f"'input[{i}]': items of type '{kind}' are not supported by "
                           "translation to chat completions.", "input")
+
+
+def _called(item: dict[str, Any]) -> str:
+    """The engine's name of the tool a call item names (a namespace's: flattened)."""
+    name = str(item.get("name") or "")
+    namespace = item.get("namespace")
+    return flat_name(namespace, name) if isinstance(namespace, str) and namespace else name
+
+
+def _call(messages: list[dict[str, Any]], call: dict[str, Any]) -> None:
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+        last["tool_calls"].append(call)  # parallel calls: one assistant turn
+    elif last is not None and last["role"] == "assistant" and isinstance(
+            last.get("content"), str):
+        last["tool_calls"] = [call]
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
 def _content(content: object, i: int, role: str) -> Any:
@@ -164,26 +191,13 @@ def _content(content: object, i: int, role: str) -> Any:
     return parts
 
 
-def _tool(tool: object, i: int) -> dict[str, Any]:
-    if not isinstance(tool, dict) or tool.get("type") != "function":
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        raise Unsupported(f"'tools[{i}]': only function tools are supported by translation "
-                          f"to chat completions (not '{kind}': built-in tools run on the "
-                          "server).", "tools")
-    function: dict[str, Any] = {"name": str(tool.get("name") or "")}
-    for name in ("description", "parameters", "strict"):
-        if tool.get(name) is not None:
-            function[name] = tool[name]
-    return {"type": "function", "function": function}
-
-
 def _tool_choice(choice: object) -> Any:
     if choice in ("auto", "none", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": str(choice.get("name") or "")}}
-    raise Unsupported("'tool_choice' must be auto, none, required or a function "
-                      "({\"type\": \"function\", \"name\": ...}).", "tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        return {"type": "function", "function": {"name": _called(choice)}}
+    raise Unsupported("'tool_choice' must be auto, none, required or a function or custom "
+                      "tool ({\"type\": \"function\", \"name\": ...}).", "tool_choice")
 
 
 def _response_format(text: object) -> dict[str, Any] | None:

@@ -2,7 +2,9 @@
 stream: response.created and response.in_progress; per output item
 response.output_item.added, then for a message response.content_part.added,
 response.output_text.delta..., response.output_text.done, response.content_part.done,
-and for a function call response.function_call_arguments.delta... and .done; then
+for a function call response.function_call_arguments.delta... and .done, and for a
+custom tool's call one response.custom_tool_call_input.delta and .done (its input is
+known once the engine's arguments are whole); then
 response.output_item.done; at the end response.completed (or response.incomplete when
 the engine stopped at max tokens) with the whole response. Every event carries its
 `type` and a `sequence_number` from 0. Pure: bytes in, bytes out.
@@ -17,6 +19,7 @@ import orjson
 from router.apis.chunks import ChunkTranslator
 from router.apis.responses_answer import (
     Echo,
+    call_done,
     call_item,
     message_item,
     response_object,
@@ -88,7 +91,7 @@ class ResponseStream(ChunkTranslator):
         if not isinstance(function, dict):
             function = {}
         index = call.get("index", 0)
-        if self._item is None or self._item["type"] != "function_call" or index != self._call:
+        if self._item is None or self._item["type"] == "message" or index != self._call:
             out = self._close()
             self._call = index
             out += self._open(call_item(
@@ -98,8 +101,10 @@ class ResponseStream(ChunkTranslator):
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             self._text.append(arguments)
-            out += self._emit("response.function_call_arguments.delta",
-                              {**self._where(), "delta": arguments})
+            if self._item is not None and self._item["type"] == "function_call":
+                # (a custom tool's input is said whole, at its end)
+                out += self._emit("response.function_call_arguments.delta",
+                                  {**self._where(), "delta": arguments})
         return out
 
     def _where(self) -> dict[str, Any]:
@@ -124,8 +129,14 @@ class ResponseStream(ChunkTranslator):
                        **where, "content_index": 0, "text": text, "logprobs": []})
                    + self._emit("response.content_part.done",
                                 {**where, "content_index": 0, "part": part}))
+        elif item["type"] == "custom_tool_call":
+            done = call_done(item, text)
+            out = (self._emit("response.custom_tool_call_input.delta",
+                              {**where, "delta": done["input"]})
+                   + self._emit("response.custom_tool_call_input.done",
+                                {**where, "input": done["input"]}))
         else:
-            done = {**item, "arguments": text, "status": "completed"}
+            done = call_done(item, text)
             out = self._emit("response.function_call_arguments.done",
                              {**where, "name": item["name"], "arguments": text})
         out += self._emit("response.output_item.done",

@@ -203,7 +203,8 @@ def _secured(spec: dict[str, Any], public: frozenset[Public]) -> None:
         "bearer": {"type": "http", "scheme": "bearer"},
         "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
     spec["security"] = [{"bearer": []}]
-    open_paths = {"/healthz", "/readyz", *(_PUBLIC_PATHS[what] for what in public)}
+    open_paths = {"/healthz", "/readyz", *(_PUBLIC_PATHS[what] for what in public
+                                            if what in _PUBLIC_PATHS)}  # (tenants: no path)
     for path, operations in spec["paths"].items():
         for operation in operations.values():
             if path in open_paths:

@@ -116,6 +116,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     gw, pages = request.app[GATEWAY], request.app[PAGES]
     if (refused := gw.guard(request, Public.PAGES)) is not None:
         return refused
+    seen = gw.keyring.tenants_seen(request, Public.PAGES)  # whose rows this feed shows
     if len(pages.subscribers) >= pages.max_subscribers or pages.closing:
         err = ApiError(503, "Too many dashboards are connected; retry later.",
                        "server_error", "too_many_subscribers")
@@ -129,7 +130,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     try:
         unwatch.extend(b.pool.watch(lambda _pool: wake.set()) for b in gw.backends.values())
         await response.prepare(request)
-        await response.write(pools_event(gw))
+        await response.write(pools_event(gw, seen))
         sent_at = loop.time()
         while not pages.closing:
             try:
@@ -144,7 +145,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
             if pages.closing:
                 break
             wake.clear()
-            await response.write(pools_event(gw))
+            await response.write(pools_event(gw, seen))
             sent_at = loop.time()
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
@@ -165,20 +166,26 @@ async def _close_feeds(app: web.Application) -> None:
         wake.set()
 
 
-def pools_event(gw: Gateway) -> bytes:
-    return b"event: pools\ndata: " + orjson.dumps(pool_rows(gw)) + b"\n\n"
+def pools_event(gw: Gateway, tenant: str | None = None) -> bytes:
+    return b"event: pools\ndata: " + orjson.dumps(pool_rows(gw, tenant=tenant)) + b"\n\n"
 
 
-def pool_rows(gw: Gateway, now: float | None = None) -> list[dict[str, object]]:
+def pool_rows(gw: Gateway, now: float | None = None, tenant: str | None = None
+              ) -> list[dict[str, object]]:
     """One row per pool: slots, queue, next-slot ETA, 429s and fallbacks in the last minute,
     and its replicas' slots; with keys configured, a pool with a queue has its tenants'
-    tokens served in the last minute and their waiting requests."""
+    tokens served in the last minute and their waiting requests (with `tenant`, only that
+    tenant's row: "" for none)."""
     now = time.perf_counter() if now is None else now
     rejected, fallback = _recent_counts(gw, now)
     snaps = {name: backend.pool.snapshot() for name, backend in gw.backends.items()}
     busy = {name: gw.backends[name].pool for name, snap in snaps.items() if snap.queued}
     shares = (tenant_shares(gw.recent, busy, gw.metrics.tenant_label, now - WINDOW_S)
-              if busy and gw.config.auth.keys else {})
+              if busy and gw.config.auth.keys and tenant != "" else {})
+    if tenant:
+        label = gw.metrics.tenant_label(tenant)
+        shares = {name: [row for row in rows if row["tenant"] == label]
+                  for name, rows in shares.items()}
     rows: list[dict[str, object]] = []
     for name, backend in gw.backends.items():
         pool = backend.pool

@@ -64,6 +64,10 @@ class LedgerRow:
     # The client API (chat, completions, embeddings, ...); rows written before the ledger
     # kept it have it from their endpoint (migration 5), or None for another endpoint.
     api: str | None = None
+    # The engine reported token counts out of bounds (negative, or far beyond the prompt and
+    # max_tokens): the gateway's estimate stands in (`tokens_estimated`). None in rows
+    # written before the ledger kept it.
+    usage_rejected: bool | None = False
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))

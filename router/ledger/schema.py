@@ -39,6 +39,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (5, ("ALTER TABLE requests ADD COLUMN api TEXT",  # the rows before it: from their path
          "UPDATE requests SET api = CASE endpoint WHEN '/v1/chat/completions' THEN 'chat' "
          "WHEN '/v1/completions' THEN 'completions' END")),
+    (6, ("ALTER TABLE requests ADD COLUMN usage_rejected BOOLEAN",)),  # before it: NULL
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

@@ -118,4 +118,6 @@ def _row(values: Sequence[object]) -> LedgerRow:
     row = LedgerRow(*values)  # type: ignore[arg-type]
     row.stream = bool(row.stream)  # SQLite keeps booleans as 0/1
     row.tokens_estimated = bool(row.tokens_estimated)
+    if row.usage_rejected is not None:
+        row.usage_rejected = bool(row.usage_rejected)
     return row

@@ -67,14 +67,20 @@ def learn(answers: AnswerModel, rec: RequestRecord, max_tokens: int | None) -> N
 
 
 def settle(books: Books, rec: RequestRecord, callers_known: bool,
-           failed: FailureKind | None = None, quota: QuotaHold | None = None) -> None:
+           failed: FailureKind | None = None, quota: QuotaHold | None = None,
+           kept: bool = True) -> None:
     """Account for a finished request (`failed`: how its upstream exchange failed;
     `callers_known`: auth is on, so a request without a key id was refused unknown;
-    `quota`: its reservation against its key's limits, given back here on every path)."""
+    `quota`: its reservation against its key's limits, given back here on every path;
+    `kept`: false for a key's refusal that its sampling leaves out of the ledger)."""
     books.metrics.record(rec, rec.primary, failed)
     if callers_known and rec.key_id is None:
         # Refused before its caller was known: counted, and nothing else kept (no
         # ledger row; a flood of them must not push real requests out of `recent`).
+        return
+    if not kept:  # likewise a flood of one key's refusals; its reservation is given back
+        if quota is not None:
+            (books.shared_quotas or books.quotas).settle(quota, 0, 0.0)
         return
     books.recent.append(rec)
     backend = books.backends.get(rec.backend) if rec.backend is not None else None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from policies.config import AuthConfig, Priority, Public
+from policies.config import AuthConfig, KeyScope, Priority, Public
 from router.config import ConfigError, ConfigProblem
 from router.openai_api import ApiError
 
@@ -29,6 +29,7 @@ class Caller:
     digest: bytes
     priority: Priority = Priority.STANDARD
     weight: float = 1.0  # its tenant's share of a `fair` line
+    metrics: bool = False  # a scrape key: sees every tenant's series (as an admin key)
 
 
 # The codes of the key check's refusals, counted in slotgate_auth_failures_total by code
@@ -42,8 +43,9 @@ _CLASSES = frozenset(Priority)  # the values a client may name in x-slotgate-pri
 
 def presented_key(request: web.BaseRequest) -> str:
     """The key a request presents: `Authorization: Bearer KEY` (OpenAI's) or `x-api-key:
-    KEY` (Anthropic's); "" for none. Two keys that differ are refused (400), never read
-    as "the first wins"."""
+    KEY` (Anthropic's); "" for none. Keys that differ are refused, never read as "the
+    first wins": two headers of one name are a 400, the two names with different keys a
+    401 naming both (the same key in both is that key)."""
     given = request.headers.getall("Authorization", ())
     other = request.headers.getall("x-api-key", ())
     if len(given) > 1 or len(other) > 1:  # two proxies or clients may disagree on which
@@ -54,9 +56,10 @@ def presented_key(request: web.BaseRequest) -> str:
     if not other:
         return bearer
     key = other[0].strip()
-    if given and bearer != key:
-        raise ApiError(400, "Both Authorization and x-api-key were sent, with different "
-                       "keys; send one.", code="duplicate_authorization")
+    if given and bearer != key:  # agreeing, the two are one key (some clients send both)
+        raise ApiError(401, "The 'Authorization: Bearer' and 'x-api-key' headers carry "
+                       "different keys; send one key (in either header, or the same in "
+                       "both).", code="duplicate_authorization")
     return key
 
 
@@ -77,7 +80,8 @@ class Keyring:
                         "not set", None)], "environment")
                 digest = hashlib.sha256(secret.encode()).digest()
             self._by_digest[digest] = Caller(key.id, key.tenant, key.admin, digest,
-                                             key.priority, key.weight)
+                                             key.priority, key.weight,
+                                             KeyScope.METRICS in key.scopes)
 
     def caller(self, request: web.Request) -> Caller | None:
         """The caller of a request; raises a 401 when auth is on and the key is wrong."""
@@ -94,6 +98,24 @@ class Keyring:
         """Endpoints other than the API's: a key is needed unless `what` is public."""
         if self.enabled and what not in self.public:
             self.caller(request)
+
+    def tenants_seen(self, request: web.Request, what: Public) -> str | None:
+        """Whose per-tenant series and rows a caller of `what` (metrics, pages) may see,
+        once it may read `what` at all: None for every tenant's (auth off, an admin or
+        `metrics` key, or `auth.public: [tenants]`), else its own tenant's ("" for none:
+        no key, on a public endpoint; a wrong key there is as none)."""
+        if not self.enabled or Public.TENANTS in self.public:
+            return None
+        try:
+            if what in self.public and not presented_key(request):
+                return ""
+            caller = self.caller(request)
+        except ApiError:
+            if what in self.public:
+                return ""
+            raise
+        assert caller is not None
+        return None if caller.admin or caller.metrics else caller.tenant
 
     @staticmethod
     def priority(caller: Caller | None, request: web.Request) -> Priority:

@@ -17,13 +17,34 @@ from policies.config import Config
 from policies.pricing import SlotTimeModel, request_cost
 from router.ledger.base import LedgerRow
 from router.request.embeddings import input_text
+from router.sse import Usage
 
 if TYPE_CHECKING:
     from router.openai_api import ParsedRequest
     from router.record import RequestRecord
-    from router.sse import Usage
 
 CLIENT_CLOSED = 499  # the status a ledger row gets when the client left before the answer
+# The margins an engine's usage is allowed over the gateway's own figures: a prompt of up to
+# PROMPT_FACTOR times the body-size estimate (a tokenizer can spend a token per byte) plus
+# room for the chat template, and per image; an answer up to max_tokens plus a little
+# (engines count the stop token), else the backend's context window, else MAX_COMPLETION.
+PROMPT_FACTOR = 4
+PROMPT_SLACK = 1024
+IMAGE_TOKENS = 16_384
+COMPLETION_SLACK = 16
+MAX_COMPLETION = 1_000_000
+
+
+def bounded_usage(prompt_estimate: int, max_tokens: int | None, images: bool,
+                  context_window: int | None) -> Usage:
+    """An attempt's usage, accepting what an engine may report for its request: a prompt
+    within a margin of the gateway's estimate, an answer within max_tokens."""
+    prompt = PROMPT_FACTOR * prompt_estimate + PROMPT_SLACK + (IMAGE_TOKENS if images else 0)
+    if max_tokens is not None:
+        completion = max_tokens + COMPLETION_SLACK
+    else:
+        completion = context_window if context_window is not None else MAX_COMPLETION
+    return Usage(max_prompt=prompt, max_completion=completion)
 
 
 def ledger_row(rec: RequestRecord, config: Config,
@@ -57,12 +78,15 @@ def ledger_row(rec: RequestRecord, config: Config,
         cost=cost, counterfactual_cost=counterfactual, key_id=rec.key_id,
         replica=rec.replica, priority=rec.priority, slo_ttft_ms=rec.slo_ttft_ms,
         predicted_ttft_ms=rec.predicted_ttft_ms, api=rec.api,
+        usage_rejected=rec.usage_rejected,
     )
 
 
 def count_tokens(rec: RequestRecord, parsed: ParsedRequest, usage: Usage) -> None:
-    """The backend's usage, or the gateway's estimate (marked) when it gave none."""
-    if usage.known:
+    """The backend's usage, or the gateway's estimate (marked) when it gave none or gave
+    counts out of bounds (then also flagged `usage_rejected`)."""
+    rec.usage_rejected = usage.rejected
+    if usage.known and not usage.rejected:
         rec.prompt_tokens = usage.prompt_tokens
         rec.completion_tokens = usage.completion_tokens
         return

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from policies.config import ServerConfig
 from router.openai_api import ApiError
+from router.request.access_log import LogSampler
 
 # File descriptors kept for what is not a client: the listening socket, Redis, the ledger's
 # database, log files, health probes, DNS. Engine connections are counted apart (per slot).
@@ -93,6 +94,7 @@ class ConnectionGuard:
         self.head_timed_out = raw_response(ApiError(
             408, f"The request head was not received within {self.head_timeout:g} s.",
             code="request_timeout"))
+        self.unrouted = LogSampler()  # the access lines of unparsable methods: 1 a second
         self.head_too_large = raw_response(ApiError(
             431, f"The request head is larger than {self.max_head_bytes} bytes.",
             code="request_header_fields_too_large"))

@@ -11,11 +11,17 @@ and size) and refuses HTTP/0.9 request lines.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
-from aiohttp.http_exceptions import BadHttpMessage, ContentEncodingError, LineTooLong
+from aiohttp.http_exceptions import (
+    BadHttpMessage,
+    BadHttpMethod,
+    ContentEncodingError,
+    LineTooLong,
+)
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
@@ -23,8 +29,13 @@ from aiohttp.web_request import BaseRequest
 from policies.config import ServerConfig
 from router.gateway import GATEWAY
 from router.openai_api import ApiError, check_content_encoding, check_content_type, too_large
+from router.record import new_id
 from router.request.auth import AUTH_FAILURES
 from router.server.connections import ConnectionGuard, fd_budget
+from router.server.no_route import log_unrouted
+
+# An HTTP/1.x request line, but for its method (quoted in the parser's error): 501, not 400.
+_REQUEST_LINE = re.compile(r"b'[!#$%&'*+.^_`|~0-9A-Za-z-]+ [!-~]+ HTTP/1\.[01]'")
 
 
 def request_line_limit(header_limit: int) -> int:
@@ -44,6 +55,9 @@ def parse_error(exc: BaseException | None, status: int, header_limit: int) -> Ap
         return ApiError(415, "This Content-Encoding is not supported: send the body as "
                         "identity, gzip or deflate (one coding).", code="unsupported_media_type",
                         headers={"Accept-Encoding": "gzip, deflate, identity"})
+    if isinstance(exc, BadHttpMethod) and _REQUEST_LINE.search(str(exc)):  # else garbage
+        return ApiError(501, "The request's method is not implemented by this server.",
+                        "server_error", code="method_not_implemented")
     if isinstance(exc, BadHttpMessage) and "many headers" in str(exc):
         return ApiError(431, "The request has too many headers.",
                         code="request_header_fields_too_large")
@@ -257,7 +271,10 @@ class _Handler(RequestHandler):
             self.log_exception("Error handling request", exc_info=exc)
         else:
             self.log_debug("rejected a malformed request: %s", type(exc).__name__)
-        response = parse_error(exc, status, self.header_limit).response()
+        error = parse_error(exc, status, self.header_limit)
+        if error.status == 501 and self._guard.unrouted.admit(501, 1.0) is not None:
+            log_unrouted(new_id(), "", "", 501, error=error.code)  # at most one a second
+        response = error.response()
         response.force_close()
         return response
 

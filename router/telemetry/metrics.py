@@ -30,6 +30,8 @@ from router.telemetry.zeros import STATUS_CLASSES, Labelled, Scope, rescope
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from prometheus_client.metrics_core import Metric
+
     from policies.slots import SlotPool
     from router.ledger.base import Ledger
     from router.record import RequestRecord
@@ -71,6 +73,10 @@ class Metrics:
                                     buckets=CLASSIFIER_BUCKETS, registry=r)
         self.ttft = Spread("slotgate_ttft_seconds", "Time to the first byte of the answer",
                            ["backend", "api"], BUCKETS)
+        self.engine_usage_rejected = Tally(
+            "slotgate_engine_usage_rejected", "Answers whose engine-reported usage was out of "
+            "bounds (negative, or beyond the prompt and max_tokens): estimated instead",
+            ["backend"])
         self.upstream_errors = Tally("slotgate_upstream_errors", "Backend failures",
                                      ["backend", "kind"])
         self.disconnects = Tally("slotgate_client_disconnects", "Clients that left early",
@@ -140,6 +146,8 @@ class Metrics:
                 (b, api) for b in s.backends for api in s.apis[b])),
             Labelled(self.upstream_errors, ("backend", ""),
                      lambda s: each(s.backends, METRIC_KINDS)),
+            Labelled(self.engine_usage_rejected, ("backend",),
+                     lambda s: ((b,) for b in s.backends)),
             Labelled(self.disconnects, ("backend", ""), lambda s: each(s.backends, _PHASES)),
             Labelled(self.tokens, ("backend", ""), lambda s: each(s.backends, ("in", "out"))),
             Labelled(self.cost, ("backend", "currency"), lambda s: each(s.priced, (s.currency,))),
@@ -159,6 +167,9 @@ class Metrics:
             Labelled(self.tenant_wait, ("backend", ""),
                      lambda s: each(s.backends, s.tenants)),
         ]
+
+    def usage_rejected(self, backend: str) -> None:
+        self.engine_usage_rejected.add((backend,), 1)
 
     def held(self, pool: str, seconds: float) -> None:
         self.holding.observe(self.holding.series((pool,)), seconds)
@@ -267,8 +278,32 @@ class Metrics:
             self.forecast_error.observe(self.forecast_error.series(labels), math.log2(ratio))
         return attained
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, tenant: str | None = None) -> bytes:
+        """The text exposition; with `tenant`, the per-tenant families hold only that
+        tenant's series ("" for none). Rendered once either way: the families are filtered
+        as they are collected, before any text is written."""
+        if tenant is None:
+            return generate_latest(self.registry)
+        names = frozenset({self.tenant_tokens.name, self.tenant_wait.name})
+        return generate_latest(_OneTenant(self.registry, names, self.tenant_label(tenant)
+                                          if tenant else None))
+
+
+class _OneTenant:
+    """A registry's families with the per-tenant ones cut to one tenant's series (None:
+    none), for generate_latest (which reads only `collect()`)."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str],
+                 tenant: str | None) -> None:
+        self.registry, self.names, self.tenant = registry, names, tenant
+
+    def collect(self) -> Iterator[Metric]:
+        tenant = self.tenant
+        for family in self.registry.collect():
+            if family.name in self.names:
+                family.samples = ([s for s in family.samples if s.labels["tenant"] == tenant]
+                                  if tenant is not None else [])
+            yield family
 
 
 class _PoolCollector(Collector):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aiohttp import web
 from opentelemetry.sdk.resources import Resource
@@ -35,6 +35,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from policies.config import OtlpProtocol, TracingConfig
 from router.record import RequestRecord
+from router.tracing.context import tracestate_within
 from router.tracing.export import grpc_exporter, http_exporter
 from router.tracing.spans import RequestTrace, SpanFacts
 from router.tracing.wire import TraceLike
@@ -103,8 +104,13 @@ class Tracer:
     def begin(self, request: web.Request, rec: RequestRecord) -> RequestTrace:
         """The request's trace, child of the caller's `traceparent` if it sent one."""
         parent = None
-        if "traceparent" in request.headers:
-            given = _PROPAGATOR.extract(request.headers)
+        headers = request.headers
+        if "traceparent" in headers:
+            # a tracestate past its bounds is dropped unread: the parent is kept
+            carrier: Mapping[str, str] = (headers if "tracestate" not in headers
+                                          or tracestate_within(headers)
+                                          else {"traceparent": headers["traceparent"]})
+            given = _PROPAGATOR.extract(carrier)
             found = get_current_span(given).get_span_context()
             parent = found if found.is_valid else None
         if parent is not None:  # ParentBased: the caller's decision, and its trace state

@@ -21,6 +21,7 @@ from router.upstream.connection import Connection
 from router.upstream.errors import (
     ConnectFailed,
     ResponseDropped,
+    StaleBytes,
 )
 from router.upstream.response import Response
 from router.upstream.wire import BODYLESS, Origin, Target, encode
@@ -63,6 +64,8 @@ class HttpPool:
         if conn is not None:
             try:
                 return await self._exchange(conn, data, head_only, timing)
+            except StaleBytes:
+                pass  # the request never reached the engine whole: sent again, once
             except ResponseDropped:
                 if conn.received or method not in BODYLESS:
                     raise
@@ -134,6 +137,7 @@ class HttpPool:
         while stack:  # LIFO: once one is too old, so are all those under it
             conn = stack.pop()
             conn.idle = False
+            conn.reused = True
             if (now - conn.idle_since < self._ttl and not conn.transport.is_closing()
                     and not _unread(conn)):
                 return conn

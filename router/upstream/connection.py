@@ -11,7 +11,13 @@ from typing import Protocol, cast
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from multidict import CIMultiDict
 
-from router.upstream.errors import BadResponse, ResponseDropped, ResponseTimeout, UpstreamError
+from router.upstream.errors import (
+    BadResponse,
+    ResponseDropped,
+    ResponseTimeout,
+    StaleBytes,
+    UpstreamError,
+)
 from router.upstream.wire import Origin, until_close
 
 MAX_HEAD_BYTES = 64 * 1024  # status line + header fields (interim 1xx answers included)
@@ -38,8 +44,8 @@ class Connection(asyncio.Protocol):
         "answered", "body", "body_waiter", "buffered", "done", "error", "first_byte_by",
         "head_bytes", "head_done", "head_only", "head_raw", "head_waiter", "headers", "idle",
         "idle_s", "idle_since", "interim", "last_data", "loop", "lost", "origin", "parser",
-        "paused", "poller", "pool", "raw_headers", "received", "reusable", "status", "transport",
-        "until_close",
+        "paused", "poller", "pool", "raw_headers", "received", "reusable", "reused", "sent",
+        "status", "transport", "until_close",
     )
     transport: asyncio.Transport
     headers: CIMultiDict[str]
@@ -55,6 +61,7 @@ class Connection(asyncio.Protocol):
         self.buffered = 0
         self.head_waiter = self.body_waiter = None
         self.poller: select.poll | None = None  # made at the first reuse
+        self.reused = False  # it carried an exchange before this one
         self._start(False, math.inf, math.inf)
 
     def _start(self, head_only: bool, first_byte_s: float, idle_s: float) -> None:
@@ -67,6 +74,7 @@ class Connection(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self.raw_headers: list[tuple[str, str]] = []
         self.head_bytes = self.head_raw = self.status = 0
+        self.sent = False  # the whole request has left our buffer (for the kernel)
 
     async def exchange(self, data: bytes, head_only: bool, first_byte_s: float,
                        idle_s: float) -> None:
@@ -76,6 +84,7 @@ class Connection(asyncio.Protocol):
             raise ResponseDropped("the connection closed before the request was sent")
         waiter = self.head_waiter = self.loop.create_future()
         self.transport.write(data)
+        self.sent = not self.transport.get_write_buffer_size()  # at once, but for big bodies
         try:
             await waiter
         except (UpstreamError, asyncio.CancelledError):
@@ -132,6 +141,8 @@ class Connection(asyncio.Protocol):
             if self.idle:
                 self.transport.abort()
             return
+        if not self.sent and self._early():
+            return
         self.received = True
         self.last_data = self.loop.time()
         try:
@@ -153,6 +164,20 @@ class Connection(asyncio.Protocol):
             self.paused = True
             self.transport.pause_reading()
         self._wake()
+
+    def _early(self) -> bool:
+        """Bytes before the whole request was written: no answer to it can have begun.
+        The connection is not kept; on a reused one they may be left from the exchange
+        before, so the request fails (unsent, safe to send again on a new connection),
+        while on a new one they are an early answer (a 413 before the body): it stands."""
+        self.sent = not self.transport.get_write_buffer_size()
+        if self.sent:
+            return False
+        self.reusable = False
+        if self.reused:
+            self._fail(StaleBytes("bytes from the engine before the request was written"))
+            return True
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

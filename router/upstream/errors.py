@@ -1,5 +1,5 @@
 """The upstream client's errors: UpstreamError > ConnectFailed | ResponseTimeout |
-ResponseDropped > BadResponse. The proxy tells the engine's faults apart by them."""
+ResponseDropped > BadResponse | StaleBytes. The proxy tells the engine's faults apart by them."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ class ResponseDropped(UpstreamError):
 
 class BadResponse(ResponseDropped):
     """The engine's bytes are not valid HTTP/1.1, or its headers exceed the limits."""
+
+
+class StaleBytes(ResponseDropped):
+    """A reused connection had bytes from the engine before the request was fully written:
+    they answer no request of ours. The request never reached the engine whole, so it is
+    sent again on a new connection (whatever its method)."""
 
 
 class ResponseTimeout(UpstreamError):

@@ -15,6 +15,7 @@ from multidict import CIMultiDictProxy, MultiMapping
 
 from policies.config import ServerConfig
 from policies.headers import DEFAULT_FORWARDED
+from router.tracing.context import bounded
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # A Host value safe to repeat: a name or an IP literal, an optional port.
@@ -74,6 +75,8 @@ def forward_headers(
     if listed:
         allowed = allowed - listed
     out = [(k, v) for k, v in headers.items() if k.lower() in allowed]
+    if "baggage" in headers or "tracestate" in headers:  # bounded, else dropped
+        out = bounded(headers, out)
     out += (("Content-Type", "application/json"), ("Accept-Encoding", "identity"),
             ("X-Request-Id", request_id))
     if auth:

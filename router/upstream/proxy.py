@@ -22,13 +22,13 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
 from policies import failures
-from policies.capabilities import estimate_tokens
 from policies.config import BackendConfig
 from policies.failures import FailureKind
 from policies.headers import HOP_BY_HOP
 from router.apis.dialect import Relay, Translation
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
+from router.upstream.answers import answer_object, opening_of, usage_from_answer
 from router.upstream.client import HttpPool
 from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, ResponseTimeout
 from router.upstream.failures import UpstreamFailure
@@ -190,9 +190,10 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             attempt.first_byte_at = time.perf_counter()
             if attempt.on_first_byte is not None:
                 attempt.on_first_byte(attempt.first_byte_at)
-            _usage_from_body(raw, attempt.usage)
+            answer = answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
+            usage_from_answer(answer, attempt.usage)
             if attempt.translation is not None:
-                raw = attempt.translation.answer(raw)
+                raw = attempt.translation.answer(answer)
             done = True
             # Case-insensitive: the gateway's x-request-id replaces an engine's own.
             headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
@@ -206,6 +207,9 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
         attempt.first_byte_at = time.perf_counter()
         if attempt.on_first_byte is not None:
             attempt.on_first_byte(attempt.first_byte_at)
+        # Nothing of the answer goes out before the engine's first valid event: a stream of
+        # garbage is a fault the request can leave for a sibling.
+        opening, ended = await opening_of(events, chunk, up, upstream.name)
         if response is None:
             response = web.StreamResponse(status=200,
                                           headers={**SSE_HEADERS, **attempt.headers})
@@ -215,14 +219,16 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
                 await _send(response.write(attempt.preamble))
         attempt.streaming = True
         client = request.transport
-        while chunk:
-            out_bytes = events.feed(chunk)
-            if out_bytes:
-                await _write_stalled(response, out_bytes, client, cfg.idle_timeout_s)
-            chunk = await up.readany()
-        tail = events.flush()  # an unterminated last event is passed on as it is
-        if tail:
-            await _send(response.write(tail))
+        if opening:
+            await _write_stalled(response, opening, client, cfg.idle_timeout_s)
+        if not ended:
+            while chunk := await up.readany():
+                out_bytes = events.feed(chunk)
+                if out_bytes:
+                    await _write_stalled(response, out_bytes, client, cfg.idle_timeout_s)
+            tail = events.flush()  # an unterminated last event is passed on as it is
+            if tail:
+                await _send(response.write(tail))
         done = True
         await _send(response.write_eof())
         return response
@@ -297,42 +303,6 @@ async def _read_bounded(up: Response, limit: int, name: str) -> bytes:
                                   f"Backend answer exceeds {limit} bytes.")
         parts.append(chunk)
     return b"".join(parts)
-
-
-def _usage_from_body(raw: bytes, usage: Usage) -> None:
-    """The backend's usage; failing that, an estimate from the answer's text (not `known`)."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return
-    if not isinstance(obj, dict):
-        return
-    usage.update(obj.get("usage"))
-    if usage.known:
-        return
-    if isinstance(obj.get("choices"), list):
-        text = "".join(_answer_text(choice) for choice in obj["choices"])
-    elif isinstance(obj.get("output"), list):  # a Responses API answer passed through
-        text = "".join(_output_text(item) for item in obj["output"])
-    else:
-        return
-    usage.completion_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
-
-
-def _output_text(item: object) -> str:
-    content = item.get("content") if isinstance(item, dict) else None
-    if not isinstance(content, list):
-        return ""
-    return "".join(part["text"] for part in content
-                   if isinstance(part, dict) and isinstance(part.get("text"), str))
-
-
-def _answer_text(choice: object) -> str:
-    if not isinstance(choice, dict):
-        return ""
-    message = choice.get("message")
-    content = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return content if isinstance(content, str) else ""
 
 
 async def _upstream_error(up: Response, name: str, secret: str | None) -> UpstreamFailure:

@@ -10,12 +10,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
 
 from router.upstream.client import HttpPool
 from router.upstream.wire import Target
+from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
+    BOTH_LOOPS,
+    event_loop_policy,
+)
 from tests.support import MESSAGES, SdkClients, StartGateway, assert_idle
+
+pytestmark = BOTH_LOOPS
 
 BODY = orjson.dumps({"id": "c1", "object": "chat.completion", "model": "m", "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "fine"},
@@ -195,3 +202,138 @@ async def test_an_answer_already_waiting_in_the_socket_is_caught_at_checkout() -
     finally:
         await pool.close()
         await eng.close()
+
+
+class Scripted(Engine):
+    """An engine whose connection number i (from 0) is served by `scripts[i]` (the last
+    script for any later one): each gets the reader and writer and plays its part."""
+
+    def __init__(self, *scripts: Any) -> None:
+        super().__init__()
+        self.scripts = scripts
+
+    async def _run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = min(self.connections, len(self.scripts) - 1)
+        self.connections += 1
+        self.writers.append(writer)
+        self.tasks.add(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await self.scripts[index](self, reader, writer)
+            await reader.read()  # until the client leaves
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
+async def _answers(eng: Scripted, reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter) -> None:
+    """A correct engine: each request read whole, then answered."""
+    while request := await _read_request(reader):
+        eng.requests.put_nowait(request)
+        writer.write(json_answer())
+
+
+async def _scripted_gateway(start: StartGateway, engines: list[Engine], eng: Scripted,
+                            **server: Any) -> Any:
+    engines.append(eng)
+    port = await eng.start()
+    backend = {"url": f"http://127.0.0.1:{port}/v1", "model": "m", "slots": 1,
+               "breaker_failures": 100}
+    return await start({"backends": {"big": backend}, "routes": {"chat": {"primary": "big"}},
+                        "server": server})
+
+
+@pytest.mark.parametrize("gap_s", [0.0, 0.001, 0.05])
+async def test_a_second_response_after_a_short_gap_is_never_served(
+    sdk: SdkClients, start: StartGateway, engines: list[Engine], gap_s: float
+) -> None:
+    """The engine answers, then `gap_s` later (zero: in a write of its own right after)
+    sends an answer nobody asked for; the next request, sent once that is on the wire
+    (while no request is outstanding), gets its own answer on another connection. (One
+    that arrives after the next request was written is that request's answer as far as
+    HTTP/1.1 can tell: docs/security.md, Round three.)"""
+    sent = asyncio.Event()
+
+    async def answer_then_evil(eng: Scripted, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
+        eng.requests.put_nowait(await _read_request(reader))
+        writer.write(json_answer())
+        await writer.drain()
+        if gap_s:
+            await asyncio.sleep(gap_s)  # the engine's own timing: part of the attack
+        writer.write(EVIL)
+        await writer.drain()
+        sent.set()
+        await _answers(eng, reader, writer)
+
+    eng = Scripted(answer_then_evil, _answers)
+    gw = await _scripted_gateway(start, engines, eng)
+    client = sdk(gw)
+    first = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert first.choices[0].message.content == "fine"
+    await sent.wait()
+    for _ in range(3):  # the next tenants: each its own answer
+        reply = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert reply.id == "c1" and reply.choices[0].message.content == "fine"
+    assert eng.connections == 2  # the first connection was dropped, the second kept
+    await assert_idle(gw)
+
+
+BIG = 24 * 1024 * 1024  # more than loopback's socket buffers hold: the write waits
+
+
+def _big_chat() -> list[Any]:
+    return [*MESSAGES, {"role": "user", "content": "a" * BIG}]
+
+
+async def test_bytes_before_a_reused_request_was_written_are_never_its_answer(
+    sdk: SdkClients, start: StartGateway, engines: list[Engine]
+) -> None:
+    """On a reused connection, the engine sends a whole answer as soon as the next
+    request's head arrives, before reading its body (which the gateway is still writing):
+    they are not that request's answer. The request is sent again on a new connection."""
+    async def evil_before_the_body(eng: Scripted, reader: asyncio.StreamReader,
+                                   writer: asyncio.StreamWriter) -> None:
+        eng.requests.put_nowait(await _read_request(reader))
+        writer.write(json_answer())
+        await reader.readuntil(b"\r\n\r\n")  # the second request's head, not its body
+        writer.write(EVIL)
+        await writer.drain()
+
+    eng = Scripted(evil_before_the_body, _answers)
+    gw = await _scripted_gateway(start, engines, eng, max_body_bytes=2 * BIG)
+    client = sdk(gw)
+    first = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert first.choices[0].message.content == "fine"
+    second = await client.chat.completions.create(model="chat", messages=_big_chat())
+    assert second.id == "c1" and second.choices[0].message.content == "fine"
+    assert eng.connections == 2
+    assert eng.requests.qsize() == 2  # the first request, and the second once, whole
+    await assert_idle(gw)
+
+
+async def test_an_early_answer_on_a_new_connection_stands_but_the_connection_goes(
+    sdk: SdkClients, start: StartGateway, engines: list[Engine]
+) -> None:
+    """An engine may refuse a request before reading its body (a 413): on a connection
+    that carried nothing before, that is its answer; the connection is not kept."""
+    refusal = orjson.dumps({"error": {"message": "too big", "type": "invalid_request_error"}})
+
+    async def refuses_early(eng: Scripted, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(refusal) + refusal)
+        await writer.drain()
+
+    eng = Scripted(refuses_early, _answers)
+    gw = await _scripted_gateway(start, engines, eng, max_body_bytes=2 * BIG)
+    client = sdk(gw).with_options(max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        await client.chat.completions.create(model="chat", messages=_big_chat())
+    assert refused.value.status_code == 413
+    reply = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert reply.choices[0].message.content == "fine"
+    assert eng.connections == 2  # the refusing connection was not reused
+    await assert_idle(gw)

@@ -19,6 +19,7 @@ from router.app import RunningGateway
 from router.server.connections import ConnectionGuard
 from router.server.runner import GatewayRunner
 from tests.hostile.conftest import answered
+from tests.hostile.keys import KEY, with_auth
 from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops
     BOTH_LOOPS,
     connect,
@@ -29,11 +30,12 @@ from tests.support import MESSAGES, StartGateway, assert_idle, gateway_config, s
 pytestmark = BOTH_LOOPS
 
 
-def _post(path: bytes, body: dict[str, object]) -> bytes:
+def _post(path: bytes, body: dict[str, object], key: bytes = b"") -> bytes:
     data = orjson.dumps(body)
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"anthropic-version: 2023-06-01\r\nContent-Length: %d\r\n\r\n" % (path, len(data))
-            + data)
+    auth = b"Authorization: Bearer %s\r\n" % key if key else b""
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+            b"anthropic-version: 2023-06-01\r\nContent-Length: %d\r\n\r\n"
+            % (path, auth, len(data)) + data)
 
 
 REQUESTS = {
@@ -73,28 +75,42 @@ def _guard(gw: RunningGateway) -> ConnectionGuard:
     return gw.runner.guard
 
 
+async def _reused_every_second_to_80(gw: RunningGateway, request: bytes) -> None:
+    guard = _guard(gw)
+    real = guard.clock
+    reader, writer = await connect(gw)
+    for second in range(1, 81):
+        writer.write(request)
+        assert await _answer(reader) == b"HTTP/1.1 200 OK", second
+        # `second` seconds pass on the guard's clock before the client comes back, and
+        # every deadline due by then is handled: none may be this connection's.
+        guard.clock = lambda ahead=second: real() + ahead  # type: ignore[misc]
+        guard._expire()
+        assert guard.heads_awaited == 0, second
+        guard.clock = real
+    writer.write(request)  # and the 81st request is still answered as its own
+    assert await _answer(reader) == b"HTTP/1.1 200 OK"
+    writer.close()
+    await assert_idle(gw)
+
+
 @pytest.mark.parametrize("kind", list(REQUESTS))
 async def test_an_answered_connection_is_reused_at_every_second_to_80(
     kind: str, start: StartGateway,
 ) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=2),
                                     server={"head_timeout_s": 10, "keepalive_timeout_s": 600}))
-    guard = _guard(gw)
-    real = guard.clock
-    reader, writer = await connect(gw)
-    for second in range(1, 81):
-        writer.write(REQUESTS[kind])
-        assert await _answer(reader) == b"HTTP/1.1 200 OK", (kind, second)
-        # `second` seconds pass on the guard's clock before the client comes back, and
-        # every deadline due by then is handled: none may be this connection's.
-        guard.clock = lambda ahead=second: real() + ahead  # type: ignore[misc]
-        guard._expire()
-        assert guard.heads_awaited == 0, (kind, second)
-        guard.clock = real
-    writer.write(REQUESTS[kind])  # and the 81st request is still answered as its own
-    assert await _answer(reader) == b"HTTP/1.1 200 OK"
-    writer.close()
-    await assert_idle(gw)
+    await _reused_every_second_to_80(gw, REQUESTS[kind])
+
+
+@pytest.mark.parametrize("path", [b"/v1/chat/completions", b"/v1/messages"])
+async def test_with_auth_on_an_answered_post_is_reused_at_every_second_to_80(
+    path: bytes, start: StartGateway,
+) -> None:
+    gw = await start(with_auth(gateway_config(
+        sim_backend("m", slots=2), server={"head_timeout_s": 10, "keepalive_timeout_s": 600})))
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 16, "stream": True}
+    await _reused_every_second_to_80(gw, _post(path, body, KEY.encode()))
 
 
 @pytest.mark.parametrize("kind", list(REQUESTS))

@@ -37,10 +37,10 @@ def break_upstream_body(monkeypatch: pytest.MonkeyPatch) -> None:
     failure also exercises the slot's release. (The gateway has no known bug left to
     trigger for real: the JSON depth one is fixed elsewhere.)"""
 
-    def broken(parsed: ParsedRequest, model: str) -> bytes:
+    def broken(parsed: ParsedRequest, model: str, fold_system: bool = False) -> bytes:
         if parsed.body.get("user") == BREAK:
             raise RuntimeError("a bug in building the upstream body")
-        return upstream_body(parsed, model)
+        return upstream_body(parsed, model, fold_system)
 
     monkeypatch.setattr(dispatch, "upstream_body", broken)
 

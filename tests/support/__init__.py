@@ -198,7 +198,8 @@ class SdkClients:
 
     def __call__(self, gw: RunningGateway, **kwargs: Any) -> AsyncOpenAI:
         kwargs.setdefault("api_key", "sk-client-secret")
-        client = AsyncOpenAI(base_url=gw.url + "/v1", max_retries=0, **kwargs)
+        kwargs.setdefault("max_retries", 0)
+        client = AsyncOpenAI(base_url=gw.url + "/v1", **kwargs)
         self._made.append(client)
         return client
 

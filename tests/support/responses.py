@@ -175,17 +175,22 @@ def accumulate(events: list[dict[str, Any]]) -> dict[str, Any]:
             item, text = dict(e["item"]), ""
             continue
         assert item is not None and e.get("output_index") == len(output)
-        if kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+        if kind in ("response.output_text.delta", "response.function_call_arguments.delta",
+                    "response.custom_tool_call_input.delta"):
             assert e["item_id"] == item["id"]
             text += e["delta"]
         elif kind == "response.output_text.done":
             assert e["text"] == text
         elif kind == "response.function_call_arguments.done":
             assert e["arguments"] == text
+        elif kind == "response.custom_tool_call_input.done":
+            assert e["input"] == text
         elif kind == "response.output_item.done":
             done = e["item"]
             if done["type"] == "message":
                 assert done["content"][0]["text"] == text
+            elif done["type"] == "custom_tool_call":
+                assert done["input"] == text
             else:
                 assert done["arguments"] == text
             output.append(done)

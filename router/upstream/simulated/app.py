@@ -13,8 +13,9 @@ from aiohttp import web
 from policies.config import SimulatedSpec
 from policies.prefix import block_hashes, request_text
 from router.upstream.simulated.embed import embed_plan
-from router.upstream.simulated.engine import FaultMode, Plan, SimEngine, error_response
+from router.upstream.simulated.engine import FaultMode, SimEngine, error_response
 from router.upstream.simulated.metrics import CONTENT_TYPE, exposition
+from router.upstream.simulated.reply import Plan
 from router.upstream.simulated.tools import tool_call
 
 
@@ -29,6 +30,29 @@ def _chars(value: object) -> int:
     return 4 if isinstance(value, int) else 0
 
 
+def _rendered(body: dict[str, object], messages: list[object]) -> int:
+    """Characters of a chat prompt as an engine's template renders it: every message's
+    text, the tool calls in the history and the tools' definitions (as JSON)."""
+    chars = 0
+    for message in messages:
+        if isinstance(message, dict):
+            chars += _chars(message.get("content"))
+            if message.get("tool_calls"):
+                chars += len(orjson.dumps(message["tool_calls"]))
+    tools = body.get("tools")
+    return chars + (len(orjson.dumps(tools)) if tools else 0)
+
+
+def _stops(value: object) -> tuple[str, ...]:
+    """The `stop` strings: one string or a list of them (empty ones mean nothing)."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ValueError("'stop' must be a string or a list of strings")
+    return tuple(s for s in stops if s)
+
+
 def _plan(body: object, chat: bool, default_model: str, block_bytes: int = 0) -> Plan:
     """The request's demands; with `block_bytes`, its prompt's block hashes too."""
     if not isinstance(body, dict):
@@ -37,7 +61,7 @@ def _plan(body: object, chat: bool, default_model: str, block_bytes: int = 0) ->
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("'messages' must be a non-empty list")
-        chars = sum(_chars(m.get("content")) for m in messages if isinstance(m, dict))
+        chars = _rendered(body, messages)
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or not prompt:
@@ -53,7 +77,7 @@ def _plan(body: object, chat: bool, default_model: str, block_bytes: int = 0) ->
     usage = isinstance(options, dict) and options.get("include_usage") is True
     blocks = tuple(block_hashes(request_text(body), block_bytes)) if block_bytes else ()
     return Plan(chat, model, body.get("stream") is True, usage, max(1, chars // 4), max_tokens,
-                blocks, tool_call(body) if chat else None)
+                blocks, tool_call(body) if chat else None, stop=_stops(body.get("stop")))
 
 
 def _embeddings_plan(body: object, default_model: str) -> Plan:
@@ -67,6 +91,9 @@ def _embeddings_plan(body: object, default_model: str) -> Plan:
 
 
 SIM_ENGINE = web.AppKey("sim_engine", SimEngine)
+# The largest body taken: twice the largest `server.max_body_bytes` a config may set, since
+# a gateway forwards what that allows and a translated Messages body grows a little.
+MAX_BODY_BYTES = 2 * 256 * 1024 * 1024
 
 
 async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -137,8 +164,10 @@ def _json(obj: object) -> web.Response:
     return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
 
+
+
 def create_sim_app(engine: SimEngine) -> web.Application:
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SIM_ENGINE] = engine
     app.router.add_post("/v1/chat/completions", functools.partial(_completion, chat=True))
     app.router.add_post("/v1/completions", functools.partial(_completion, chat=False))

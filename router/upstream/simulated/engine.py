@@ -22,16 +22,12 @@ from policies.config import SimulatedSpec
 from router.upstream.simulated import tools
 from router.upstream.simulated.cache import PrefixCache
 from router.upstream.simulated.embed import EmbedPlan, answer
-from router.upstream.simulated.tools import ToolCall
+from router.upstream.simulated.reply import Plan, ending, frames
+from router.upstream.simulated.text import WORD_JSON, WORDS, cut
 
 _MAX_RECORDS = 10_000
-_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "again", "and", "so")
-_WORD_JSON = tuple(orjson.dumps(w + " ") for w in _WORDS)
-_CYCLE = "".join(w + " " for w in _WORDS)
-_PREFIXES = tuple(_CYCLE[: sum(len(w) + 1 for w in _WORDS[:j])] for j in range(len(_WORDS)))
 # An engine's own stream headers (as vLLM sends them), not the gateway's (router.sse).
 _ENGINE_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-_DONE = b"data: [DONE]\n\n"
 
 
 class FaultMode(enum.StrEnum):
@@ -58,21 +54,8 @@ class SimRecord:
     cached_tokens: int = 0  # prompt tokens the prefix cache spared the prefill
     planned_ttft_s: float | None = None  # the wait before the first token, once scheduled
     traceparent: str | None = None  # the W3C trace context it came with, if any
-
-
-@dataclass(slots=True, frozen=True)
-class Plan:
-    """What one request asks of the engine, read from its body by the app."""
-
-    chat: bool
-    model: str
-    stream: bool
-    include_usage: bool
-    prompt_tokens: int
-    max_tokens: int | None
-    blocks: tuple[int, ...] = ()  # the prompt's block hashes, when the engine caches prefixes
-    tool: ToolCall | None = None  # answer with this tool call (router.upstream.simulated.tools)
-    embed: EmbedPlan | None = None  # an embeddings request: one batch, no tokens generated
+    tracestate: str | None = None
+    baggage: str | None = None
 
 
 class SimEngine:
@@ -220,7 +203,9 @@ class SimEngine:
     def _begin(self, request: web.Request, plan: Plan) -> SimRecord:
         rid = request.headers.get("x-request-id") or f"sim-{next(self._ids)}"
         rec = SimRecord(rid, plan.stream, plan.prompt_tokens, 0, time.monotonic(),
-                        traceparent=request.headers.get("traceparent"))
+                        traceparent=request.headers.get("traceparent"),
+                        tracestate=request.headers.get("tracestate"),
+                        baggage=request.headers.get("baggage"))
         if len(self.records) >= _MAX_RECORDS:
             del self.records[next(iter(self.records))]
         self.records[rid] = rec
@@ -288,8 +273,12 @@ class SimEngine:
             parts = tools.pieces(call.arguments, self._length(None)[0])
             n, finish = min(len(parts), plan.max_tokens or len(parts)), "tool_calls"
             finish = "length" if n < len(parts) else finish
+        stopped = cut(n, plan.stop) if plan.stop and call is None else None
+        if stopped is not None:
+            n, finish = len(stopped.pieces), "stop"
         if stream is not None:
-            first, head, tail, last = _frames(plan, rid, created, finish)
+            first, head, tail, last = frames(plan, rid, created, finish,
+                                              stopped.matched if stopped else None)
         # sleep(0) when there is no TTFT: every request yields to the loop at least once
         await asyncio.sleep(planned_ttft(self.spec, self.cache, rec, plan))
         if self.cache is not None:
@@ -306,7 +295,8 @@ class SimEngine:
                                                i == 0, finish if i == final else None,
                                                plan.include_usage))
             elif stream is not None:
-                word = _WORD_JSON[i % len(_WORDS)]
+                word = (WORD_JSON[i % len(WORDS)] if stopped is None
+                        else orjson.dumps(stopped.pieces[i]))
                 await stream.write((head if i else first) + word + (last if i == final else tail))
             if i == 0:
                 rec.first_token_at = time.monotonic()
@@ -316,28 +306,8 @@ class SimEngine:
             if drop:
                 _abort(request)
                 return None
-        usage = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
-                 "total_tokens": plan.prompt_tokens + n}
-        answer: dict[str, object] = {"id": rid, "object": "text_completion", "created": created,
-                                     "model": plan.model, "choices": [], "usage": usage}
-        if stream is not None:
-            if not plan.include_usage:
-                return _DONE
-            if plan.chat:
-                answer["object"] = "chat.completion.chunk"
-            return b"data: " + orjson.dumps(answer) + b"\n\n" + _DONE
-        text = _CYCLE * (n // len(_WORDS)) + _PREFIXES[n % len(_WORDS)]
-        choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish}
-        if call is not None:
-            answer["object"] = "chat.completion"
-            choice["message"] = tools.message(call, call_id, "".join(parts[:n]))
-        elif plan.chat:
-            answer["object"] = "chat.completion"
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        answer["choices"] = [choice]
-        return orjson.dumps(answer)
+        return ending(plan, rid, created, n, finish, stream is not None, stopped,
+                      (call, call_id, "".join(parts[:n])) if call is not None else None)
 
 
     async def _embed(self, rec: SimRecord, plan: Plan, embed: EmbedPlan) -> bytes:
@@ -359,22 +329,6 @@ def planned_ttft(spec: SimulatedSpec, cache: PrefixCache | None, rec: SimRecord,
     uncached = plan.prompt_tokens - rec.cached_tokens
     rec.planned_ttft_s = spec.ttft_s + uncached * spec.prefill_s_per_token
     return rec.planned_ttft_s
-
-
-def _frames(plan: Plan, rid: str, created: int, finish: str) -> tuple[bytes, bytes, bytes, bytes]:
-    """Fixed bytes around each token's JSON string, so a chunk costs two concatenations."""
-    obj = b"chat.completion.chunk" if plan.chat else b"text_completion"
-    start = b'data: {"id":%s,"object":"%s","created":%d,"model":%s,"choices":[{"index":0,' % (
-        orjson.dumps(rid), obj, created, orjson.dumps(plan.model))
-    if plan.chat:
-        first = start + b'"delta":{"role":"assistant","content":'
-        head = start + b'"delta":{"content":'
-        close = b'},"logprobs":null,"finish_reason":'
-    else:
-        first = head = start + b'"text":'
-        close = b',"logprobs":null,"finish_reason":'
-    end = b'}],"usage":null}\n\n' if plan.include_usage else b"}]}\n\n"
-    return first, head, close + b"null" + end, close + orjson.dumps(finish) + end
 
 
 def _abort(request: web.Request) -> web.StreamResponse:

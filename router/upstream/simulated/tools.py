@@ -1,8 +1,18 @@
-"""The simulated engine's tool calls: given `tools` (and a `tool_choice` other than
-"none"), it calls one, deterministically: the named tool, else the first, with arguments
-built from its schema's required properties. With `tool_choice` auto (or none given) it
-answers in text instead once the conversation ends with a tool result, so that a tool
-round trip ends. The arguments stream as tool_call deltas, one piece per token.
+"""The simulated engine's tool calls, made like a model in an agent's loop, and always the
+same for the same request (whatever the seed):
+
+- `tool_choice` "none": text. A named tool, or "required": that tool, or the pick below.
+- `tool_choice` "auto" (or none given): a call only while the current turn (the messages
+  after the last assistant message) holds no tool result; once a result is there, text,
+  so that every tool round trip ends. System turns and the user text a client adds beside
+  a result (Claude Code's reminders) do not open a new turn.
+- The pick: the first shell tool offered (`SHELLS`, e.g. Claude Code's Bash, Codex's
+  exec_command), else the first tool. Arguments: each required property of the schema,
+  its first enum value, else a value of its type ("x" for a string), and for a property
+  named `command` or `cmd` the harmless `echo slotgate-simulated` (a string, or an argv
+  array), so that a real agent can run the call.
+
+The arguments stream as tool_call deltas, one piece per token.
 """
 
 from __future__ import annotations
@@ -12,6 +22,10 @@ from typing import Any
 
 import orjson
 
+# Tool names of shells that agents offer, in order of preference (lower case).
+SHELLS = ("bash", "exec_command", "shell", "shell_command", "local_shell", "run_shell_command")
+ECHO = "echo slotgate-simulated"
+_COMMANDS = frozenset({"command", "cmd"})
 _VALUES: dict[str, object] = {"string": "x", "integer": 1, "number": 1.5, "boolean": True,
                               "array": [], "object": {}, "null": None}
 
@@ -32,21 +46,37 @@ def tool_call(body: dict[str, Any]) -> ToolCall | None:
     choice = body.get("tool_choice", "auto")
     if not tools or choice == "none":
         return None
-    chosen = tools[0]
+    chosen = pick(tools)
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         named = choice["function"].get("name")
         chosen = next((t for t in tools if t["name"] == named), chosen)
-    elif choice != "required":
-        messages = body.get("messages")
-        last = messages[-1] if isinstance(messages, list) and messages else None
-        if isinstance(last, dict) and last.get("role") == "tool":
-            return None
+    elif choice != "required" and answered(body.get("messages")):
+        return None
     return ToolCall(chosen["name"], orjson.dumps(arguments(chosen.get("parameters"))).decode())
+
+
+def pick(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first shell tool offered, else the first tool."""
+    names = {t["name"].lower(): t for t in reversed(tools)}  # the first of a name wins
+    return next((names[shell] for shell in SHELLS if shell in names), tools[0])
+
+
+def answered(messages: object) -> bool:
+    """Does the current turn (after the last assistant message) hold a tool result?"""
+    if not isinstance(messages, list):
+        return False
+    for message in reversed(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            return True
+        if role == "assistant":
+            return False
+    return False
 
 
 def arguments(schema: object) -> dict[str, object]:
     """A value for each required property of a JSON schema: its first enum value, else
-    one of its type (a string is "x")."""
+    one of its type (a string is "x"); a `command` or `cmd` runs `echo`."""
     if not isinstance(schema, dict):
         return {}
     properties = schema.get("properties")
@@ -57,7 +87,10 @@ def arguments(schema: object) -> dict[str, object]:
         if not isinstance(name, str):
             continue
         spec = properties.get(name)
-        if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        if name in _COMMANDS and kind in ("string", "array", None):
+            out[name] = ["bash", "-lc", ECHO] if kind == "array" else ECHO
+        elif isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
             out[name] = spec["enum"][0]
         elif isinstance(spec, dict) and isinstance(spec.get("type"), str):
             out[name] = _VALUES.get(spec["type"], "x")

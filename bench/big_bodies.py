@@ -1,0 +1,133 @@
+"""Many large accepted Anthropic Messages bodies (a base64 image each) at once: how long
+/healthz stalls meanwhile, and the gateway's resident memory before, at peak and after.
+
+Starts `slotgate serve` (the embedded default config, on a free port, in a scratch
+directory) with the Python given by --python (PYTHONPATH is passed through, so an older
+checkout can be measured the same way), records its resident memory, sends --clients
+concurrent `/v1/messages` bodies of about --mib MiB each (one image block of random
+base64 and a line of text, for `llama-8b`), probes /healthz back to back (from a process
+of its own) until they are all answered, and prints the statuses, the slowest /healthz
+answer, and the memory: before, peak (VmHWM) and after (RSS once the flood is over and
+the process has been idle for --settle seconds).
+
+    .venv/bin/python bench/big_bodies.py [--clients 20] [--mib 7] [--python .venv/bin/python]
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+
+def status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def messages_body(mib: float) -> bytes:
+    image = base64.b64encode(os.urandom(int(mib * (1 << 20)) * 3 // 4)).decode()
+    return orjson.dumps({"model": "llama-8b", "max_tokens": 16, "messages": [
+        {"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": image}},
+            {"type": "text", "text": "What is in this picture?"}]}]})
+
+
+async def start(python: str) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        python, "-c", "import sys; from router.cli import main; sys.exit(main())", "serve",
+        "--port", "0", "--log-level", "INFO",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=os.environ.copy(),
+        cwd=tempfile.mkdtemp(prefix="big-bodies-"))  # (the default config's ledger file)
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        while b"listening on" not in (line := await proc.stdout.readline()):
+            if not line:
+                raise SystemExit("slotgate serve exited before listening")
+    return proc, line.decode().split("listening on ")[1].split()[0]
+
+
+# Probes /healthz back to back in a process of its own (the sender's event loop is busy
+# writing bodies) until its stdin closes; prints the slowest answer in seconds.
+PROBE = """
+import sys, threading, time, urllib.request
+url, stop, slowest = sys.argv[1], threading.Event(), 0.0
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print("ready", flush=True)
+while not stop.is_set():
+    asked = time.perf_counter()
+    urllib.request.urlopen(url, timeout=60).read()
+    slowest = max(slowest, time.perf_counter() - asked)
+print(slowest, flush=True)
+"""
+
+
+async def drain(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdout is not None
+    while await proc.stdout.readline():
+        pass
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--mib", type=float, default=7.0)
+    parser.add_argument("--settle", type=float, default=2.0)
+    parser.add_argument("--python", default=sys.executable)
+    args = parser.parse_args()
+    body = messages_body(args.mib)
+    proc, url = await start(args.python)
+    reading = asyncio.create_task(drain(proc))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/healthz") as resp:
+                await resp.read()
+            before_kib = status_kib(proc.pid, "VmRSS")
+
+            async def send() -> int:
+                async with http.post(url + "/v1/messages", data=body,
+                                     headers={"Content-Type": "application/json"}) as resp:
+                    await resp.read()
+                    return resp.status
+
+            probe = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", PROBE, url + "/healthz", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE)
+            assert probe.stdin is not None and probe.stdout is not None
+            await probe.stdout.readline()
+            began = time.perf_counter()
+            statuses = collections.Counter(
+                await asyncio.gather(*(send() for _ in range(args.clients))))
+            elapsed = time.perf_counter() - began
+            probe.stdin.close()
+            slowest = float((await probe.stdout.readline()).decode())
+            await probe.wait()
+            peak_kib = status_kib(proc.pid, "VmHWM")
+            await asyncio.sleep(args.settle)  # (a bench: the process left idle, not a sync)
+            after_kib = status_kib(proc.pid, "VmRSS")
+    finally:
+        proc.terminate()
+        await proc.wait()
+        await reading
+    print(f"{args.clients} x {len(body) / (1 << 20):.1f} MiB bodies: statuses "
+          f"{dict(statuses)}, all answered in {elapsed:.2f} s")
+    print(f"slowest /healthz meanwhile: {slowest * 1000:.0f} ms")
+    print(f"memory: {before_kib / 1024:.0f} MiB before, peak {peak_kib / 1024:.0f} MiB, "
+          f"after {after_kib / 1024:.0f} MiB")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
