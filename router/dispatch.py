@@ -333,6 +333,8 @@ async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
         if not forwarding.done():
             forwarding.cancel()
             await asyncio.wait({forwarding})  # raises only a cancellation of our own
+        if forwarding.done() and not forwarding.cancelled():  # may end in ClientGone: retrieved
+            forwarding.exception()
     if not forwarding.cancelled():
         return forwarding.result()
     err = ApiError(503, "This request's slot lease was lost (the gateway could not renew "

@@ -35,7 +35,7 @@ from policies.slots.limits_lua import KEY_NAMES, PRELUDE, RENEW, RESERVE, SEED, 
 from tests.support.scripts import scripts_on_redis
 
 TTL_MS = 600_000  # nothing expires by itself while a test runs: the rules expire holds
-BOOK, HOLDS, HELD = KEYS = [f"{{t:limits:k}}:{name}" for name in KEY_NAMES]
+BOOK, HOLDS, HELD, GONE = KEYS = [f"{{t:limits:k}}:{name}" for name in KEY_NAMES]
 SCRIPTS = {"reserve": RESERVE, "renew": RENEW, "settle": SETTLE, "seed": SEED}
 
 

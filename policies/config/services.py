@@ -63,6 +63,8 @@ class CoordinationConfig(StrictModel):
     key_prefix: str = Field(default="slotgate", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
     lease_ttl_s: float = Field(default=15.0, ge=1.0, le=600)  # renewed every ttl/3
     call_timeout_s: float = Field(default=0.5, gt=0, le=10)  # every Redis call
+    max_connections: int = Field(default=256, ge=8, le=10_000)  # this process's to Redis
+    connection_wait_s: float = Field(default=5.0, gt=0, le=60)  # for a free one, at most
     recheck_s: float = Field(default=1.0, ge=0.05, le=60)  # safety net for lost wake-ups
     on_redis_down: RedisDown = RedisDown.FAIL_CLOSED
     expected_replicas: int = Field(default=1, ge=1, le=10_000)  # processes x replicas

@@ -36,6 +36,16 @@ class CoordinationError(Exception):
     """A shared pool's store (Redis) could not be reached in time, or its breaker is open."""
 
 
+class CircuitOpen(CoordinationError):
+    """The breaker is open: the call was not sent."""
+
+
+class CoordinationBusy(CoordinationError):
+    """Every connection of this process to Redis stayed in use past the wait bound: the
+    process is busy, Redis is not away (the breaker does not count it; the call was not
+    sent)."""
+
+
 class PoolUnavailable(Exception):
     """The pool cannot admit anyone now (its shared store is away and it fails closed)."""
 

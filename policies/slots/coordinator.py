@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from policies.breaker import BreakerState, CircuitBreaker
-from policies.slots.base import CoordinationError
+from policies.slots.base import CircuitOpen, CoordinationBusy, CoordinationError
 from policies.slots.lua import ACQUIRE, ENQUEUE, POLL, RELEASE, RENEW, WITHDRAW
 from policies.slots.lua_fair import (
     FAIR_ACQUIRE,
@@ -27,9 +27,11 @@ from policies.slots.lua_fair import (
     FAIR_RENEW,
     FAIR_WITHDRAW,
 )
+from policies.slots.stall import StallClock
 
 log = logging.getLogger("slotgate.redis")
 RETRIES = 5  # background retries of a release or withdrawal by id
+SPARE = 8  # connections beyond the calls': the wake-up subscription, renewals, the prober
 
 
 class Subscriber(Protocol):
@@ -44,7 +46,8 @@ class RedisCoordinator:
     """One per process: the client, the scripts, the breaker and the wake-up subscription."""
 
     def __init__(self, url: str, prefix: str, call_timeout_s: float, breaker: CircuitBreaker,
-                 outage: str = "") -> None:
+                 outage: str = "", max_connections: int = 256,
+                 connection_wait_s: float = 5.0) -> None:
         self.prefix = prefix
         self.call_timeout_s = call_timeout_s
         self.breaker = breaker
@@ -54,9 +57,19 @@ class RedisCoordinator:
         self.healthy.set()
         breaker.on_change = self._breaker_changed
         self._prober: asyncio.Task[None] | None = None
-        self.client = aioredis.Redis.from_url(
-            url, socket_timeout=call_timeout_s, socket_connect_timeout=call_timeout_s,
+        # A call waits for one of `max_connections` (its own bound, its own outcome:
+        # `CoordinationBusy`, which the breaker does not count); only then does its
+        # `call_timeout_s` run. The blocking pool is the backstop for the other users.
+        self.connection_wait_s = connection_wait_s
+        self.cap_s = max(4 * call_timeout_s, call_timeout_s + 2.0)  # a call, stalls and all
+        self._calls = asyncio.Semaphore(max_connections)
+        self.stalls = StallClock()  # a call's timeout does not count the loop's stalls
+        self.waiting = 0  # calls waiting for a free connection now
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections + SPARE, timeout=connection_wait_s,
+            socket_timeout=self.cap_s, socket_connect_timeout=self.cap_s,  # backstops
             retry_on_timeout=False, decode_responses=False)
+        self.client = aioredis.Redis.from_pool(pool)
         self.scripts = {name: self.client.register_script(text) for name, text in (
             ("acquire", ACQUIRE), ("enqueue", ENQUEUE), ("poll", POLL), ("renew", RENEW),
             ("release", RELEASE), ("withdraw", WITHDRAW), ("fair_acquire", FAIR_ACQUIRE),
@@ -69,16 +82,34 @@ class RedisCoordinator:
     async def call(self, script: str, keys: Sequence[str], args: Sequence[str | int | float]
                    ) -> Any:
         if not self.breaker.allow():
-            raise CoordinationError("Redis circuit open")
+            raise CircuitOpen("Redis circuit open")
+        if self._calls.locked():  # a burst: wait for a connection, not counted as failure
+            await self._connection()
+        else:
+            await self._calls.acquire()
         try:
-            async with asyncio.timeout(self.call_timeout_s):
+            async with self.stalls.deadline(self.call_timeout_s, self.cap_s):
                 result = await self.scripts[script](keys=keys, args=args)
         except (RedisError, OSError, TimeoutError) as exc:
             self.breaker.failure()
             log.debug("redis %s failed: %s: %s", script, type(exc).__name__, exc)
             raise CoordinationError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            self._calls.release()
         self.breaker.success()
         return result
+
+    async def _connection(self) -> None:
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.connection_wait_s):
+                await self._calls.acquire()
+        except TimeoutError:
+            log.warning("no Redis connection came free within %g s (%d calls waiting)",
+                        self.connection_wait_s, self.waiting)
+            raise CoordinationBusy("no free Redis connection in time") from None
+        finally:
+            self.waiting -= 1
 
     def _breaker_changed(self, state: BreakerState) -> None:
         if state is BreakerState.OPEN and self.healthy.is_set():
@@ -111,6 +142,7 @@ class RedisCoordinator:
         task.add_done_callback(self._background.discard)
 
     def start(self) -> None:
+        self.stalls.start()
         self._listener = asyncio.create_task(self._listen(), name="redis-wake-ups")
 
     async def _listen(self) -> None:
@@ -143,6 +175,7 @@ class RedisCoordinator:
             backoff = min(2.0, backoff * 2)
 
     async def close(self) -> None:
+        self.stalls.stop()
         tasks = {task for task in (self._listener, self._prober) if task is not None}
         for task in tasks:
             task.cancel()

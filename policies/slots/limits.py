@@ -7,8 +7,10 @@ when it ends (one SETTLE call, in the background: the answer does not wait for i
 reservation has an expiry, renewed for all of this process's live reservations by one
 heartbeat every TTL/3 (one pipelined RENEW per key that has any): a process that dies
 gives its reservations back within the TTL. A settle whose call fails is not retried (a
-timed-out call may have been applied: a retry would charge twice); its reservation
-expires within the TTL, and what it used stays uncharged in Redis.
+timed-out call may have been applied: a retry would charge twice), and what it used stays
+uncharged in Redis; but its hold, like the hold of a RESERVE whose outcome is unknown (its
+call failed or timed out), is queued and given back by one idempotent RELEASE per key as
+soon as Redis answers again, so a blip locks no key out for longer than the blip.
 
 While Redis is away (a failed call, or the breaker open): `fail_closed` refuses
 (`coordination_unavailable`, 503 + Retry-After); `fail_open_local` admits by this
@@ -34,13 +36,23 @@ from policies.config import ApiKeyConfig
 from policies.limits import Budget, Limit, Limits
 from policies.limits import Refusal as ModelRefusal
 from policies.quotas import QuotaHold, Quotas, Refusal, refusal
-from policies.slots.base import CoordinationError
+from policies.slots.base import CircuitOpen, CoordinationBusy, CoordinationError
 from policies.slots.coordinator import RedisCoordinator
-from policies.slots.limits_lua import KEY_NAMES, REFUSALS, RENEW, RESERVE, SEED, SETTLE
+from policies.slots.limits_lua import (
+    KEY_NAMES,
+    REFUSALS,
+    RELEASE,
+    RENEW,
+    RESERVE,
+    SEED,
+    SETTLE,
+)
 
 log = logging.getLogger("slotgate.redis")
 _SCRIPTS = {"limits_reserve": RESERVE, "limits_renew": RENEW, "limits_settle": SETTLE,
-            "limits_seed": SEED}
+            "limits_seed": SEED, "limits_release": RELEASE}
+MAX_UNKNOWN = 10_000  # holds queued for release; beyond, they expire within the TTL
+RELEASE_BATCH = 500  # hold ids per RELEASE call
 _LIMITS = {name: Limit(name) for name in REFUSALS}
 
 
@@ -79,6 +91,8 @@ class SharedQuotas:
         for name, text in _SCRIPTS.items():  # the coordinator calls them by name
             coordinator.scripts[name] = coordinator.client.register_script(text)
         self._heartbeat: asyncio.Task[None] | None = None
+        self.unknown: dict[str, set[str]] = {}  # key id -> holds to give back
+        self._releaser: asyncio.Task[None] | None = None
         self.configure(keys)
 
     def keys(self, key_id: str) -> list[str]:
@@ -116,7 +130,9 @@ class SharedQuotas:
             reply = await self.coordinator.call(
                 "limits_reserve", self.keys(key_id),
                 [hold_id, self.ttl_ms, tokens, repr(cost), *limit_args(limits)])
-        except CoordinationError:
+        except CoordinationError as exc:
+            if not isinstance(exc, (CircuitOpen, CoordinationBusy)):  # it may have run
+                self.give_back(key_id, hold_id)
             if self.fallback is None:
                 retry_s = max(1, math.ceil(self.coordinator.breaker.retry_in_s()))
                 return Refusal(RejectReason.UNAVAILABLE, retry_s,
@@ -153,7 +169,40 @@ class SharedQuotas:
                 [hold.id, hold.tokens, tokens, repr(cost), *limit_args(limits)])
         except CoordinationError as exc:
             log.warning("could not settle a request of key %s in Redis (%s): its "
-                        "reservation expires within the lease TTL", hold.key_id, exc)
+                        "reservation is given back once Redis answers", hold.key_id, exc)
+            self.give_back(hold.key_id, hold.id)
+
+    def give_back(self, key_id: str, hold_id: str) -> None:
+        """Queue a hold whose state in Redis is unknown for release when Redis answers."""
+        if sum(map(len, self.unknown.values())) >= MAX_UNKNOWN:
+            log.warning("too many reservations to give back; key %s's expires within the "
+                        "lease TTL", key_id)
+            return
+        self.unknown.setdefault(key_id, set()).add(hold_id)
+        if self._releaser is None or self._releaser.done():
+            self._releaser = asyncio.create_task(self._release_unknown(),
+                                                 name="limits-give-back")
+
+    async def _release_unknown(self) -> None:
+        """Give the queued holds back, one RELEASE per key, as soon as Redis answers."""
+        backoff = 0.05
+        while self.unknown:
+            key_id, ids = next(iter(self.unknown.items()))
+            batch = list(itertools.islice(ids, RELEASE_BATCH))
+            try:
+                await self.coordinator.call("limits_release", self.keys(key_id),
+                                            [self.ttl_ms, *batch])
+            except CoordinationError:
+                if not self.coordinator.healthy.is_set():
+                    await self.coordinator.healthy.wait()  # the breaker's prober: Redis is back
+                else:
+                    await asyncio.sleep(backoff)  # a failed call, breaker still closed
+                    backoff = min(1.0, backoff * 2)
+                continue
+            backoff = 0.05
+            ids.difference_update(batch)
+            if not ids:
+                self.unknown.pop(key_id, None)
 
     def start(self) -> None:
         self._heartbeat = asyncio.create_task(self._beat(), name="limits-heartbeat")
@@ -190,7 +239,8 @@ class SharedQuotas:
                 holds.pop(hold_id.decode(), None)  # expired meanwhile: nothing to renew
 
     async def close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+        for task in (self._heartbeat, self._releaser):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

@@ -11,6 +11,7 @@ Every script works on the keys of one client key, which share a hash tag
                                 (ms) and the tokens and cost spent in it
     KEYS[2]  holds  sorted set  hold id -> expiry (ms, Redis clock)
     KEYS[3]  held   hash        hold id -> "tokens cost" it reserved
+    KEYS[4]  gone   sorted set  hold id -> until (ms): released before its RESERVE ran
 
 The limits come with every call (a reload applies at once; Redis keeps no config), as the
 tail of ARGV from index `i`:
@@ -25,7 +26,7 @@ so a bucket's level reads back as the double it was.
 
 from __future__ import annotations
 
-KEY_NAMES = ("book", "holds", "held")
+KEY_NAMES = ("book", "holds", "held", "gone")
 REFUSALS = ("max_concurrent", "budget", "rpm", "tpm")  # RESERVE's codes 1..4
 IDLE_TTL_MS = 35 * 86_400_000  # an idle key's book outlives its longest (month) period
 
@@ -139,6 +140,7 @@ end
 RESERVE = PRELUDE + """
 local now = now_ms()
 purge(now)
+if redis.call('ZSCORE', KEYS[4], ARGV[1]) then return {0, 0, 0, now} end  -- given up
 local l = limits(5)
 if l.cap > 0 and redis.call('ZCARD', KEYS[2]) >= l.cap then return {1, 1000, 0, now} end
 local rt, rc = num('rt', 0), num('rc', 0)
@@ -229,6 +231,27 @@ for _, b in ipairs(l.budgets) do
 end
 touched()
 return {held, now}
+"""
+
+# RELEASE: give back the holds of calls whose outcome is unknown (a RESERVE or SETTLE that
+# failed or timed out): each is dropped if held, else remembered until the TTL has passed
+# so that its RESERVE, arriving late, changes nothing. Idempotent.
+#   ARGV[1] ttl ms   ARGV[2..] hold ids
+#   returns how many were held
+RELEASE = PRELUDE + """
+local now = now_ms()
+purge(now)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local n = 0
+for i = 2, #ARGV do
+  if drop(ARGV[i]) == 1 then
+    n = n + 1
+  else
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[1]), ARGV[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[1]) + 1000)
+return n
 """
 
 # SEED: start the current period's spend at what the ledger says (at a process's start),

@@ -296,13 +296,24 @@ class RedisSlotPool:
                 done, *counts = await self.coordinator.call(
                     script, self.keys, [item, self.channel, *more])
             except CoordinationError:
-                await asyncio.sleep(self.recheck_s * (attempt + 1))  # retry backoff
+                await self._until_answering(self.recheck_s * (attempt + 1))
                 continue
             self._state(*counts)
             return int(done)
         log.warning("%s of %s on %s failed; Redis expires it within %g s", script, item,
                     self.name, self.lease_ttl_s)
         return 0
+
+    async def _until_answering(self, backoff_s: float) -> None:
+        """Wait to retry: while the breaker is open, until Redis answers again (at most
+        the lease TTL: past it Redis has expired the item anyway); else `backoff_s`."""
+        healthy = self.coordinator.healthy
+        with contextlib.suppress(TimeoutError):
+            if healthy.is_set():
+                await asyncio.sleep(backoff_s)  # a failed call, breaker still closed
+            else:
+                async with asyncio.timeout(self.lease_ttl_s):
+                    await healthy.wait()
 
     def _state(self, version: int, active: int, queued: int, sheddable: int,
                seats: Sequence[bytes] | dict[str, int], moved: bool = False) -> None:

@@ -46,7 +46,8 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
               else f"each process using a local share of the slots "
                    f"(slots / {config.expected_replicas})")
     coordinator = RedisCoordinator(url, config.key_prefix, config.call_timeout_s,
-                                   breaker, outage)
+                                   breaker, outage, config.max_connections,
+                                   config.connection_wait_s)
     from redis.exceptions import RedisError
 
     try:

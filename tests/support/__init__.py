@@ -167,8 +167,18 @@ class RedisServer:
                 assert line, "redis-server exited at start"
         self._drain = asyncio.create_task(self.proc.stdout.read())  # keep the pipe empty
 
+    def freeze(self) -> None:
+        """SIGSTOP: connections stay open, nothing is answered (a blip, not a crash)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     async def stop(self, kill: bool = False) -> None:
         if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGCONT)  # a frozen one must run to die by TERM
             if kill:
                 self.proc.kill()
             else:
