@@ -11,6 +11,11 @@ answer, and the memory: before, peak (VmHWM) and after (RSS once the flood is ov
 the process has been idle for --settle seconds).
 
     .venv/bin/python bench/big_bodies.py [--clients 20] [--mib 7] [--python .venv/bin/python]
+                                         [--external-engine]
+
+With --external-engine the engine is a `slotgate simulate` process of its own (as engines
+are in production) and the gateway's config routes `llama-8b` to it: the stall measured is
+then the gateway's alone, not the in-process simulated engine's parse of every body too.
 """
 
 
@@ -46,18 +51,42 @@ def messages_body(mib: float) -> bytes:
             {"type": "text", "text": "What is in this picture?"}]}]})
 
 
-async def start(python: str) -> tuple[asyncio.subprocess.Process, str]:
+CLI = "import sys; from router.cli import main; sys.exit(main())"
+
+
+async def start(python: str, engine_url: str | None) -> tuple[asyncio.subprocess.Process, str]:
+    scratch = Path(tempfile.mkdtemp(prefix="big-bodies-"))  # (the config's ledger file)
+    config: list[str] = []
+    if engine_url is not None:
+        (scratch / "gateway.yaml").write_text(
+            "backends:\n  engine:\n    url: " + engine_url + "/v1\n    model: m\n"
+            "    slots: 32\n    queue_limit: 64\n"
+            "routes:\n  llama-8b:\n    primary: engine\n", encoding="utf-8")
+        config = ["--config", "gateway.yaml"]
     proc = await asyncio.create_subprocess_exec(
-        python, "-c", "import sys; from router.cli import main; sys.exit(main())", "serve",
-        "--port", "0", "--log-level", "INFO",
+        python, "-c", CLI, "serve", *config, "--port", "0", "--log-level", "INFO",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=os.environ.copy(),
-        cwd=tempfile.mkdtemp(prefix="big-bodies-"))  # (the default config's ledger file)
+        cwd=scratch)
     assert proc.stdout is not None
     async with asyncio.timeout(60):
         while b"listening on" not in (line := await proc.stdout.readline()):
             if not line:
                 raise SystemExit("slotgate serve exited before listening")
     return proc, line.decode().split("listening on ")[1].split()[0]
+
+
+async def start_engine(python: str) -> tuple[asyncio.subprocess.Process, str]:
+    """A `slotgate simulate` engine of its own: 32 sequences, instant, 16 tokens."""
+    proc = await asyncio.create_subprocess_exec(
+        python, "-c", CLI, "simulate", "--port", "0", "--model", "m", "--slots", "32",
+        "--ttft-s", "0", "--tokens-per-s", "0", "--output-tokens", "16",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=os.environ.copy())
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        line = (await proc.stdout.readline()).decode()
+    if " on http" not in line:
+        raise SystemExit("slotgate simulate exited before listening")
+    return proc, line.split(" on ")[-1].strip()
 
 
 # Probes /healthz back to back in a process of its own (the sender's event loop is busy
@@ -87,9 +116,14 @@ async def main() -> None:
     parser.add_argument("--mib", type=float, default=7.0)
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--external-engine", action="store_true")
     args = parser.parse_args()
     body = messages_body(args.mib)
-    proc, url = await start(args.python)
+    engine = None
+    if args.external_engine:
+        engine, engine_url = await start_engine(args.python)
+        engine_reading = asyncio.create_task(drain(engine))
+    proc, url = await start(args.python, engine_url if engine is not None else None)
     reading = asyncio.create_task(drain(proc))
     try:
         async with aiohttp.ClientSession() as http:
@@ -122,6 +156,10 @@ async def main() -> None:
         proc.terminate()
         await proc.wait()
         await reading
+        if engine is not None:
+            engine.terminate()
+            await engine.wait()
+            await engine_reading
     print(f"{args.clients} x {len(body) / (1 << 20):.1f} MiB bodies: statuses "
           f"{dict(statuses)}, all answered in {elapsed:.2f} s")
     print(f"slowest /healthz meanwhile: {slowest * 1000:.0f} ms")

@@ -179,6 +179,7 @@ _SPEC_FLAGS = {
     "--output-tokens-spread": ("output_tokens_spread", float),
     "--prefix-cache-tokens": ("prefix_cache_tokens", int),
     "--cache-block-tokens": ("cache_block_tokens", int),
+    "--max-model-len": ("max_model_len", int),
 }
 
 

@@ -37,6 +37,9 @@ class SimulatedSpec(StrictModel):
     # Tokens are counted at 4 bytes of the rendered prompt each, as `policies.prefix` hashes it.
     prefix_cache_tokens: int = Field(default=0, ge=0, le=100_000_000)
     cache_block_tokens: int = Field(default=16, ge=1, le=65_536)  # tokens per cached block
+    # The context window (prompt and max_tokens together), None: unbounded. Beyond it the
+    # engine answers 400 in vLLM's words, as vLLM does with --max-model-len.
+    max_model_len: int | None = Field(default=None, ge=16, le=100_000_000)
 
 
 class RatesHint(StrictModel):

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from policies.capabilities import estimate_tokens
 from policies.config import ServerConfig
+from router.apis import context_window
 from router.apis.anthropic_answer import to_message
 from router.apis.anthropic_request import Unsupported, to_chat
 from router.apis.anthropic_stream import PING, MessageStream, event
@@ -35,8 +36,12 @@ def error_type(status: int) -> str:
 
 
 def error_body(err: ApiError) -> bytes:
+    message = err.message
+    if err.code == context_window.CODE:  # an engine's overflow, in the words Claude Code reads
+        found = context_window.overflow(message)
+        message = message if found is None else context_window.anthropic_message(found)
     return orjson.dumps({"type": "error", "error": {"type": error_type(err.status),
-                                                    "message": err.message}})
+                                                    "message": message}})
 
 
 def parse_messages(raw: bytes, limits: ServerConfig, *, count_only: bool = False

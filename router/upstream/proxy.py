@@ -25,6 +25,8 @@ from policies import failures
 from policies.config import BackendConfig
 from policies.failures import FailureKind
 from policies.headers import HOP_BY_HOP
+from router.apis import context_window
+from router.apis.context_window import overflow
 from router.apis.dialect import Relay, Translation
 from router.openai_api import ApiError, Endpoint
 from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
@@ -305,6 +307,15 @@ async def _read_bounded(up: Response, limit: int, name: str) -> bytes:
     return b"".join(parts)
 
 
+def _window_fields(err: dict[str, Any]) -> str:
+    """llama.cpp tells a context overflow's numbers in fields of its error, not in its
+    message: they are added to the message, in its own names."""
+    prompt, window = err.get("n_prompt_tokens"), err.get("n_ctx")
+    if type(prompt) is int and type(window) is int:
+        return f" (n_prompt_tokens: {prompt}, n_ctx: {window})"
+    return ""
+
+
 async def _upstream_error(up: Response, name: str, secret: str | None) -> UpstreamFailure:
     """Relay the backend's own error (status and OpenAI-shaped message) when it has one,
     without the backend key. A 401/403 is about the gateway's credentials, not the
@@ -321,13 +332,15 @@ async def _upstream_error(up: Response, name: str, secret: str | None) -> Upstre
     except (orjson.JSONDecodeError, AttributeError):
         err = None
     if isinstance(err, dict) and isinstance(err.get("message"), str):
-        message = err["message"]
+        message = err["message"] + _window_fields(err)
         type_ = err["type"] if isinstance(err.get("type"), str) else type_
         code = err["code"] if isinstance(err.get("code"), str) else code
     elif isinstance(err, str):
         message = err
     message = redact(message, secret)
     status = up.status if 400 <= up.status <= 599 else 502
+    if status == 400 and code is None and overflow(message) is not None:
+        code = context_window.CODE  # clients act on OpenAI's code (and Anthropic's words)
     headers = {}
     if status == 429 and "Retry-After" in up.headers:
         headers["Retry-After"] = up.headers["Retry-After"]

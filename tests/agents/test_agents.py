@@ -92,6 +92,31 @@ async def test_claude_without_tools_answers_in_one_request(agents_bin: Path,
         await gw.close()
 
 
+async def test_claude_in_a_context_window_smaller_than_it_assumes(agents_bin: Path,
+                                                                  tmp_path: Path) -> None:
+    """An engine with a 40,000-token window (vLLM's --max-model-len) and Claude Code's
+    own max_tokens (32,000) beside its ~19,000-token prompt: the engine refuses in vLLM's
+    words, the gateway says it in Anthropic's, and Claude Code asks again with what the
+    window leaves. Before, it stopped at the first 400 (exit 1)."""
+    ledger = tmp_path / "ledger.sqlite3"
+    raw = embedded(ledger)
+    for backend in ("llama-70b", "llama-8b"):
+        raw["backends"][backend]["simulated"]["max_model_len"] = 40_000
+    gw, lines = await serve(raw)
+    try:
+        result = await run_agent("claude", agents_bin, gw.url, tmp_path)
+        assert result.code == 0 and WORDS in result.out, explain(result, lines)
+        api = [(line["status"], line.get("error")) for line in lines.lines
+               if line.get("endpoint") == ENDPOINTS["claude"]]
+        assert (400, "context_length_exceeded") in api, explain(result, lines)
+        assert {status for status, _ in api} == {200, 400}, explain(result, lines)
+        assert api[-1] == (200, None), explain(result, lines)
+        await assert_idle(gw)
+    finally:
+        unwatch(lines)
+        await gw.close()
+
+
 @pytest.mark.parametrize("agent", ["claude", "codex"])
 async def test_an_agent_on_the_embedded_config(agent: str, agents_bin: Path,
                                                tmp_path: Path) -> None:

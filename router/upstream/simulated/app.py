@@ -105,7 +105,27 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
         return error_response(400, "the request body is not valid JSON")
     except ValueError as exc:
         return error_response(400, str(exc))
+    refusal = over_window(plan, engine.spec.max_model_len)
+    if refusal is not None:
+        return error_response(400, refusal, "BadRequestError")
     return await engine.serve(request, plan)
+
+
+def over_window(plan: Plan, window: int | None) -> str | None:
+    """vLLM's refusal of a request beyond its context window (`--max-model-len`), in its
+    words (vLLM 0.8 and later), or None."""
+    if window is None:
+        return None
+    prompt = plan.prompt_tokens
+    if prompt > window:
+        return (f"This model's maximum context length is {window} tokens. However, your "
+                f"request has {prompt} input tokens. Please reduce the length of the input "
+                f"messages.")
+    if plan.max_tokens is not None and prompt + plan.max_tokens > window:
+        return (f"'max_tokens' or 'max_completion_tokens' is too large: {plan.max_tokens}. "
+                f"This model's maximum context length is {window} tokens and your request "
+                f"has {prompt} input tokens ({plan.max_tokens} > {window} - {prompt}).")
+    return None
 
 
 async def _embeddings(request: web.Request) -> web.StreamResponse:
