@@ -11,7 +11,7 @@ answer, and the memory: before, peak (VmHWM) and after (RSS once the flood is ov
 the process has been idle for --settle seconds).
 
     .venv/bin/python bench/big_bodies.py [--clients 20] [--mib 7] [--python .venv/bin/python]
-                                         [--external-engine]
+                                         [--external-engine] [--pin]
 
 With --external-engine the engine is a `slotgate simulate` process of its own (as engines
 are in production) and the gateway's config routes `llama-8b` to it: the stall measured is
@@ -90,18 +90,37 @@ async def start_engine(python: str) -> tuple[asyncio.subprocess.Process, str]:
 
 
 # Probes /healthz back to back in a process of its own (the sender's event loop is busy
-# writing bodies) until its stdin closes; prints the slowest answer in seconds.
+# writing bodies) until its stdin closes; prints the slowest answer, the 99th percentile
+# (seconds), the number of probes and how many took over 50 ms.
 PROBE = """
 import sys, threading, time, urllib.request
-url, stop, slowest = sys.argv[1], threading.Event(), 0.0
+url, stop, took = sys.argv[1], threading.Event(), []
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 print("ready", flush=True)
 while not stop.is_set():
     asked = time.perf_counter()
     urllib.request.urlopen(url, timeout=60).read()
-    slowest = max(slowest, time.perf_counter() - asked)
-print(slowest, flush=True)
+    took.append(time.perf_counter() - asked)
+took.sort()
+print(took[-1], took[int(len(took) * 0.99)], len(took), sum(t > 0.05 for t in took), flush=True)
 """
+
+
+def loop_stalls(exposition: str) -> str:
+    """`slotgate_event_loop_stall_seconds` read: how many stalls, how many past 50 ms, the
+    longest's bucket (absent in an older gateway)."""
+    buckets: list[tuple[float, float]] = []
+    for line in exposition.splitlines():
+        if line.startswith("slotgate_event_loop_stall_seconds_bucket"):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((float(bound), float(line.rsplit(" ", 1)[1])))
+    if not buckets:
+        return "not measured (no such metric)"
+    count = buckets[-1][1]
+    upto_50 = next(n for bound, n in buckets if bound >= 0.05)
+    longest = next(bound for bound, n in buckets if n == count)
+    return (f"{count:.0f} stalls, {count - upto_50:.0f} over 50 ms, the longest at most "
+            f"{longest * 1000:.0f} ms")
 
 
 async def drain(proc: asyncio.subprocess.Process) -> None:
@@ -117,13 +136,22 @@ async def main() -> None:
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--external-engine", action="store_true")
+    parser.add_argument("--pin", action="store_true",
+                        help="the gateway alone on CPU 0, everything else on the others "
+                             "(its stalls measured, not the machine's contention)")
     args = parser.parse_args()
+    others = set(range(1, os.cpu_count() or 2)) or {0}
+    if args.pin:
+        os.sched_setaffinity(0, others)  # this process and what it starts, but the gateway
     body = messages_body(args.mib)
     engine = None
     if args.external_engine:
         engine, engine_url = await start_engine(args.python)
         engine_reading = asyncio.create_task(drain(engine))
     proc, url = await start(args.python, engine_url if engine is not None else None)
+    if args.pin:
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():  # its threads too
+            os.sched_setaffinity(int(task.name), {0})
     reading = asyncio.create_task(drain(proc))
     try:
         async with aiohttp.ClientSession() as http:
@@ -147,9 +175,11 @@ async def main() -> None:
                 await asyncio.gather(*(send() for _ in range(args.clients))))
             elapsed = time.perf_counter() - began
             probe.stdin.close()
-            slowest = float((await probe.stdout.readline()).decode())
+            slowest, p99, probes, over = (await probe.stdout.readline()).decode().split()
             await probe.wait()
             peak_kib = status_kib(proc.pid, "VmHWM")
+            async with http.get(url + "/metrics") as resp:
+                stalls = loop_stalls(await resp.text())
             await asyncio.sleep(args.settle)  # (a bench: the process left idle, not a sync)
             after_kib = status_kib(proc.pid, "VmRSS")
     finally:
@@ -162,7 +192,9 @@ async def main() -> None:
             await engine_reading
     print(f"{args.clients} x {len(body) / (1 << 20):.1f} MiB bodies: statuses "
           f"{dict(statuses)}, all answered in {elapsed:.2f} s")
-    print(f"slowest /healthz meanwhile: {slowest * 1000:.0f} ms")
+    print(f"slowest /healthz meanwhile: {float(slowest) * 1000:.0f} ms (p99 "
+          f"{float(p99) * 1000:.0f} ms; {over} of {probes} probes over 50 ms)")
+    print(f"the gateway's loop stalled (slotgate_event_loop_stall_seconds): {stalls}")
     print(f"memory: {before_kib / 1024:.0f} MiB before, peak {peak_kib / 1024:.0f} MiB, "
           f"after {after_kib / 1024:.0f} MiB")
 

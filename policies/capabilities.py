@@ -137,6 +137,14 @@ def first_lack(needs: Needs, abilities: Collection[Ability]) -> Lack | None:
     return lacks[0]
 
 
+def body_tokens(raw: bytes) -> int:
+    """`estimate_tokens` of a request body as sent: its characters counted without
+    decoding it when it is ASCII (JSON escapes most text, base64 images are ASCII: a scan
+    of 7 MiB takes a fraction of a millisecond, its decoding several)."""
+    chars = len(raw) if raw.isascii() else len(raw.decode(errors="replace"))
+    return estimate_tokens(chars, len(raw))
+
+
 def estimate_tokens(text_chars: int, text_bytes: int) -> int:
     """A cheap, generous token estimate from a text's UTF-8 size.
 

@@ -105,8 +105,9 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     try:
         gw.tracer = start_tracer(gw.config.tracing)  # None when off (the default)
+        gw.stalls.start()
         if gw.config.coordination.mode is CoordinationMode.REDIS:
-            gw.coordinator = await start_coordinator(gw.config.coordination)
+            gw.coordinator = await start_coordinator(gw.config.coordination, gw.stalls)
         gw.keyring = Keyring(gw.config.auth)
         gw.quotas = Quotas(gw.config.auth.keys)
         if gw.coordinator is not None:
@@ -131,6 +132,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         gw.ready = False
+        gw.stalls.stop()
         await gw.health.close()
         await gw.replica_health.close()
         if gw.ledger is not None:

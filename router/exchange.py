@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from policies.admission import RejectReason
-from policies.capabilities import Needs, estimate_tokens, needs_of, serves
+from policies.capabilities import Needs, body_tokens, needs_of, serves
 from policies.config import Config, Priority, QueueOrder
 from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
@@ -66,8 +66,7 @@ class Exchange:
         """A generous estimate of the prompt's tokens, from the whole body's size (worked
         out once)."""
         if self._prompt is None:
-            raw = parsed.raw
-            self._prompt = estimate_tokens(len(raw.decode(errors="replace")), len(raw))
+            self._prompt = body_tokens(parsed.raw)
         return self._prompt
 
     def share(self, parsed: ParsedRequest) -> Share:

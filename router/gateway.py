@@ -18,6 +18,7 @@ from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
 from policies.experiments import Experiment
 from policies.quotas import Quotas
+from policies.slots.stall import StallClock
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
 from router.ledger.base import Ledger
@@ -68,9 +69,11 @@ class Gateway:
     tracer: Tracer | None = None  # tracing.enabled: spans of every request (at startup)
     refusals: LogSampler = field(default_factory=LogSampler)  # access lines of unknown callers
     key_refusals: KeyRefusals = field(default_factory=KeyRefusals)  # a valid key's refusals
+    stalls: StallClock = field(init=False)  # the event loop's stalls (metrics, Redis calls)
 
     def __post_init__(self) -> None:
         self.replica_health = ReplicaHealth(self.health)
+        self.stalls = StallClock(self.metrics.loop_stalls.observe)
 
     def drain_signal(self) -> asyncio.Future[None]:
         """Resolved when draining starts: queued requests stop waiting on it."""

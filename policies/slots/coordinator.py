@@ -47,7 +47,7 @@ class RedisCoordinator:
 
     def __init__(self, url: str, prefix: str, call_timeout_s: float, breaker: CircuitBreaker,
                  outage: str = "", max_connections: int = 256,
-                 connection_wait_s: float = 5.0) -> None:
+                 connection_wait_s: float = 5.0, stalls: StallClock | None = None) -> None:
         self.prefix = prefix
         self.call_timeout_s = call_timeout_s
         self.breaker = breaker
@@ -63,7 +63,9 @@ class RedisCoordinator:
         self.connection_wait_s = connection_wait_s
         self.cap_s = max(4 * call_timeout_s, call_timeout_s + 2.0)  # a call, stalls and all
         self._calls = asyncio.Semaphore(max_connections)
-        self.stalls = StallClock()  # a call's timeout does not count the loop's stalls
+        # A call's timeout does not count the loop's stalls (the process's clock, lent).
+        self.stalls = stalls if stalls is not None else StallClock()
+        self._own_stalls = stalls is None
         self.waiting = 0  # calls waiting for a free connection now
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=max_connections + SPARE, timeout=connection_wait_s,
@@ -142,7 +144,8 @@ class RedisCoordinator:
         task.add_done_callback(self._background.discard)
 
     def start(self) -> None:
-        self.stalls.start()
+        if self._own_stalls:
+            self.stalls.start()
         self._listener = asyncio.create_task(self._listen(), name="redis-wake-ups")
 
     async def _listen(self) -> None:
@@ -175,7 +178,8 @@ class RedisCoordinator:
             backoff = min(2.0, backoff * 2)
 
     async def close(self) -> None:
-        self.stalls.stop()
+        if self._own_stalls:
+            self.stalls.stop()
         tasks = {task for task in (self._listener, self._prober) if task is not None}
         for task in tasks:
             task.cancel()

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from policies.capabilities import estimate_tokens
+from policies.capabilities import body_tokens
 from policies.config import ServerConfig
 from router.apis import context_window
 from router.apis.anthropic_answer import to_message
@@ -120,7 +120,7 @@ class AnthropicDialect(Dialect):
 def input_estimate(raw: bytes) -> int:
     """The gateway's generous estimate of a request's input tokens (from its body's size,
     as admission estimates it)."""
-    return estimate_tokens(len(raw.decode(errors="replace")), len(raw))
+    return body_tokens(raw)
 
 
 ANTHROPIC = AnthropicDialect()

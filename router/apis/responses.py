@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from policies.apis import Api
-from policies.capabilities import estimate_tokens
+from policies.capabilities import body_tokens
 from policies.config import Config, HostedTools, ServerConfig
 from router.apis.dialect import OPENAI, Dialect, Relay
 from router.apis.responses_answer import Echo, to_response
@@ -97,7 +97,7 @@ class StatelessPassThrough(Dialect):
 
 def input_estimate(raw: bytes) -> int:
     """The gateway's generous estimate of a request's input tokens (from its body's size)."""
-    return estimate_tokens(len(raw.decode(errors="replace")), len(raw))
+    return body_tokens(raw)
 
 
 def _body(raw: bytes, limits: ServerConfig) -> dict[str, object]:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 # LLM latencies: from a quick first token to a two-minute answer.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 CLASSIFIER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
+STALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # log2(actual / predicted TTFT): 0 is exact, 1 twice as late as forecast, -1 twice as soon.
 FORECAST_BUCKETS = (-3.0, -2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
 _FORECAST_FLOOR_MS = 1.0  # both sides, so that a forecast of 0 has a finite ratio
@@ -71,6 +72,10 @@ class Metrics:
                                ["from", "to", "intent"])
         self.classifier = Histogram("slotgate_classifier_seconds", "One intent prediction",
                                     buckets=CLASSIFIER_BUCKETS, registry=r)
+        self.loop_stalls = Histogram(
+            "slotgate_event_loop_stall_seconds", "Stalls of the event loop (a timer every "
+            "20 ms ran this much late, past 5 ms): time no other client was served",
+            buckets=STALL_BUCKETS, registry=r)
         self.ttft = Spread("slotgate_ttft_seconds", "Time to the first byte of the answer",
                            ["backend", "api"], BUCKETS)
         self.engine_usage_rejected = Tally(

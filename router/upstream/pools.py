@@ -24,11 +24,13 @@ from router.config import from_env
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
+    from policies.slots.stall import StallClock
 
 log = logging.getLogger("slotgate")
 
 
-async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
+async def start_coordinator(config: CoordinationConfig, stalls: StallClock
+                            ) -> RedisCoordinator:
     """The process's Redis coordinator, its breaker logging every change of state.
 
     Redis being down at startup does not stop the gateway: it serves by `on_redis_down`
@@ -47,7 +49,7 @@ async def start_coordinator(config: CoordinationConfig) -> RedisCoordinator:
                    f"(slots / {config.expected_replicas})")
     coordinator = RedisCoordinator(url, config.key_prefix, config.call_timeout_s,
                                    breaker, outage, config.max_connections,
-                                   config.connection_wait_s)
+                                   config.connection_wait_s, stalls)
     from redis.exceptions import RedisError
 
     try:
