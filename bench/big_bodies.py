@@ -106,6 +106,12 @@ print(took[-1], took[int(len(took) * 0.99)], len(took), sum(t > 0.05 for t in to
 """
 
 
+def pin(pid: int, cpu: int) -> None:
+    """Process `pid` and its threads on `cpu` alone."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), {cpu})
+
+
 def loop_stalls(exposition: str) -> str:
     """`slotgate_event_loop_stall_seconds` read: how many stalls, how many past 50 ms, the
     longest's bucket (absent in an older gateway)."""
@@ -150,8 +156,7 @@ async def main() -> None:
         engine_reading = asyncio.create_task(drain(engine))
     proc, url = await start(args.python, engine_url if engine is not None else None)
     if args.pin:
-        for task in Path(f"/proc/{proc.pid}/task").iterdir():  # its threads too
-            os.sched_setaffinity(int(task.name), {0})
+        pin(proc.pid, 0)
     reading = asyncio.create_task(drain(proc))
     try:
         async with aiohttp.ClientSession() as http:
