@@ -146,3 +146,17 @@ async def test_stop_cuts_the_text_before_the_match(client: openai.AsyncOpenAI,
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "the quick brown "
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert chunks[-1].choices[0].model_dump()["stop_reason"] == "fox"
+
+
+async def test_an_engine_that_never_calls_tools_answers_in_text() -> None:
+    running: RunningSim = await start_simulator(
+        FAST.model_copy(update={"tool_calls": "never"}), "sim-model")
+    try:
+        async with openai.AsyncOpenAI(base_url=running.url + "/v1", api_key="x",
+                                      max_retries=0) as sdk:
+            answer = await sdk.chat.completions.create(model="m", messages=ASK, tools=TOOLS)
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        assert answer.choices[0].message.tool_calls is None
+        assert answer.choices[0].message.content
+    finally:
+        await running.close()

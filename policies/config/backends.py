@@ -40,6 +40,9 @@ class SimulatedSpec(StrictModel):
     # The context window (prompt and max_tokens together), None: unbounded. Beyond it the
     # engine answers 400 in vLLM's words, as vLLM does with --max-model-len.
     max_model_len: int | None = Field(default=None, ge=16, le=100_000_000)
+    # auto: call an offered tool like a model in an agent's loop; never: answer in text
+    # whatever is offered (a prompt that needs no tool).
+    tool_calls: Literal["auto", "never"] = "auto"
 
 
 class RatesHint(StrictModel):

@@ -2,7 +2,9 @@
 features) through a gateway on the embedded config, as the README sets them up: each ends
 well (exit 0, a text answer), every request is a ledger row, nothing is refused; with auth
 on (the right key works, a wrong one fails: Claude Code after one request); while the 70B
-and its fallback are full (a 429 is retried and the run still ends well).
+and its fallback are full (a 429 is retried and the run still ends well); with an engine
+that answers in text (no tool round trip: one request each); and Claude Code against a
+context window smaller than it assumes (it asks again with a max_tokens that fits).
 
 The simulated engine answers a fresh prompt with a call of the offered shell tool (an
 `echo`) and the tool's result with text: each run below is one tool round trip.
@@ -87,6 +89,30 @@ async def test_claude_without_tools_answers_in_one_request(agents_bin: Path,
         rows = await rows_of(gw, str(ledger))
         assert [(r.endpoint, r.status, r.route) for r in rows] == [
             (ENDPOINTS["claude"], 200, MODEL)]
+    finally:
+        unwatch(lines)
+        await gw.close()
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+async def test_an_agent_answered_without_a_tool_round_trip(agent: str, agents_bin: Path,
+                                                           tmp_path: Path) -> None:
+    """Default tools offered (Codex always offers its own), an engine that answers in text
+    (`tool_calls: never`): one request, one ledger row, exit 0."""
+    ledger = tmp_path / "ledger.sqlite3"
+    raw = embedded(ledger)
+    for backend in ("llama-70b", "llama-8b"):
+        raw["backends"][backend]["simulated"]["tool_calls"] = "never"
+    gw, lines = await serve(raw)
+    try:
+        result = await run_agent(agent, agents_bin, gw.url, tmp_path)
+        assert result.code == 0 and WORDS in result.out, explain(result, lines)
+        api = [line for line in lines.lines if line.get("endpoint") == ENDPOINTS[agent]]
+        assert [line["status"] for line in api] == [200], explain(result, lines)
+        await assert_idle(gw)
+        rows = await rows_of(gw, str(ledger))
+        assert [(r.endpoint, r.status, r.route) for r in rows] == [
+            (ENDPOINTS[agent], 200, MODEL)]
     finally:
         unwatch(lines)
         await gw.close()

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -108,6 +109,8 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
     refusal = over_window(plan, engine.spec.max_model_len)
     if refusal is not None:
         return error_response(400, refusal, "BadRequestError")
+    if plan.tool is not None and engine.spec.tool_calls == "never":
+        plan = dataclasses.replace(plan, tool=None)
     return await engine.serve(request, plan)
 
 
