@@ -34,6 +34,11 @@ class RejectReason(enum.StrEnum):
     DRAINING = "draining"  # the gateway is shutting down: retry, another replica answers
     BODY_BYTES = "inflight_body_bytes"  # the process holds its bound of request bodies
     OBJECTIVE = "objective_shed"  # sheddable, and no option meets its TTFT objective
+    BACKEND_UNAVAILABLE = "backend_unavailable"  # its backend and fallbacks out of service
+    SLOT_LOST = "slot_lost"  # a shared slot's lease lapsed in Redis mid-answer
+    SHUTDOWN = "shutdown"  # the drain timed out and cut an answer
+    SUBSCRIBERS = "too_many_subscribers"  # the dashboards' feed has its bound of watchers
+    CONNECTIONS = "too_many_connections"  # the process's, or one address's, bound of sockets
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -93,7 +92,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     gw.enter(request.task)
     try:
         if gw.draining:
-            raise exchange.rejection(RejectReason.DRAINING, config.server.retry_after_min_s,
+            raise exchange.rejection(RejectReason.DRAINING, 0,
                                      None)
         if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
             rec.tenant, rec.key_id = caller.tenant, caller.key_id
@@ -139,7 +138,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         try:
             response = await run(exchange, parsed, route)
         except PoolUnavailable as exc:
-            raise exchange.rejection(RejectReason.UNAVAILABLE, math.ceil(exc.retry_after_s),
+            raise exchange.rejection(RejectReason.UNAVAILABLE, exc.retry_after_s,
                                      rec.backend or route.primary) from None
         rec.status = response.status
         return response
@@ -159,8 +158,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
             rec.disconnect, rec.status = rec.phase, CLIENT_CLOSED
             raise
         # Shutdown cut it, not its client: say so (in-band once a stream has begun).
-        cut = ApiError(503, "The gateway shut down before this answer was complete; retry.",
-                       "server_error", "shutdown")
+        cut = exchange.rejection(RejectReason.SHUTDOWN, 0, rec.backend)
         rec.status, rec.error = cut.status, cut.code
         if exchange.response is not None:
             await exchange.fail(cut)
@@ -224,16 +222,23 @@ def fitted(route: RouteConfig, endpoint: Endpoint, served: frozenset[Api],
 _NEVER = RouteFallbackConfig(when=FallbackWhen.NEVER)
 
 
+def unavailable(ex: Exchange, name: str, chain: list[str]) -> ApiError:
+    """The refusal when `name` and the rest of its route are out of service."""
+    return ex.rejection(RejectReason.BACKEND_UNAVAILABLE, ex.gw.health.retry_in_s(chain), name,
+                        f"Backend '{name}' is unavailable and so are its route's fallbacks; "
+                        "retry later.")
+
+
 async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
     """Admit on the route's first backend that takes work, serve, and retry a failure
     before the first byte on the next one (`policies.fallback` decides which)."""
-    health, retry_min = ex.gw.health, ex.config.server.retry_after_min_s
+    health = ex.gw.health
     chain = [route.primary, *route.fallbacks]
     able = ex.able(parsed, route.primary)  # never a backend that cannot serve the request
     while True:
         plan = fallback.lead(route, chain, health.standing(chain), able)
         if isinstance(plan, fallback.Unavailable):
-            raise health.unavailable(plan.backend, chain, retry_min)
+            raise unavailable(ex, plan.backend, chain)
         if plan.takes_probe:
             health.take_probe(plan.route.primary)
         route = plan.route
@@ -243,7 +248,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
         except BackendOpened as opened:  # its breaker opened while we queued: on to
             rest = fallback.without(route, opened.args[0], able)  # the rest of the route
             if rest is None:
-                raise health.unavailable(opened.args[0], chain, retry_min) from None
+                raise unavailable(ex, opened.args[0], chain) from None
             route = rest
     while True:
         try:
@@ -266,7 +271,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             ex.rec.reason = f"retry:{lease.pool}"
             lease = await admit_to(ex, parsed, retry.backend)
         except BackendOpened:
-            raise health.unavailable(retry.backend, chain, retry_min) from None
+            raise unavailable(ex, retry.backend, chain) from None
         finally:
             health.retrying -= 1
 
@@ -337,11 +342,7 @@ async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
             forwarding.exception()
     if not forwarding.cancelled():
         return forwarding.result()
-    err = ApiError(503, "This request's slot lease was lost (the gateway could not renew "
-                   "it in Redis within its TTL); retry.", "server_error", "slot_lost")
-    err.headers["Retry-After"] = str(ex.config.server.retry_after_min_s)
-    raise err
-
+    raise ex.rejection(RejectReason.SLOT_LOST, 0, lease.pool)
 
 
 async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:

@@ -14,7 +14,6 @@ from aiohttp import web
 from policies.admission import RejectReason
 from policies.capabilities import Needs, body_tokens, needs_of, serves
 from policies.config import Config, Priority, QueueOrder
-from policies.eta import advised_retry_s
 from policies.fallback import RequestFacts
 from policies.quotas import QuotaHold
 from policies.slots import Share, SlotPool
@@ -25,7 +24,6 @@ from router.openai_api import ApiError, ParsedRequest
 from router.placement import Placement, placement, preference
 from router.record import Phase, RequestRecord
 from router.request.body import BodyHold
-from router.request.rejections import rejection
 from router.sse import SSE_HEADERS
 from router.upstream.proxy import ClientGone
 
@@ -127,16 +125,14 @@ class Exchange:
         self.rec.pick, self.rec.prefix_blocks, self.want = pick.reason, pick.known, pick.holder
         return pick.first
 
-    def retry_after(self, pools: Iterable[SlotPool]) -> int:
-        """The Retry-After of a request refused by `pools` (its queue full, its wait over):
-        the same forecast and bounds as an admission's `Reject`."""
-        server = self.config.server
-        return advised_retry_s((pool.forecast(1) for pool in pools),
-                               server.retry_after_min_s, server.retry_after_max_s)
+    def retry_after(self, pools: Iterable[SlotPool]) -> float:
+        """When a request refused by `pools` (its queue full, its wait over) is worth
+        retrying: the soonest of their forecasts of a free slot."""
+        return min((pool.forecast(1) for pool in pools), default=0.0)
 
-    def rejection(self, reason: RejectReason, retry_s: int, backend: str | None,
+    def rejection(self, reason: RejectReason, after_s: float, backend: str | None,
                   message: str | None = None) -> ApiError:
-        return rejection(self.gw.metrics, reason, retry_s, backend, message)
+        return self.gw.refuse(reason, after_s, backend, message)
 
     async def open_stream(self) -> None:
         """A stream that must wait gets its 200 and SSE headers at once."""

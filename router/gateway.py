@@ -134,10 +134,14 @@ class Gateway:
             return dialect.error_response(err, self.config.server.retry_after_min_s)
         return None
 
+    def refuse(self, reason: RejectReason, after_s: float, backend: str | None = None,
+               message: str | None = None) -> ApiError:
+        """A refusal of the gateway's own (router/request/rejections.py)."""
+        return rejection(self.metrics, self.config.server, reason, after_s, backend, message)
+
     def bodies_full(self) -> ApiError:
         """The answer when the process holds its bound of request bodies."""
-        retry_s = self.config.server.retry_after_min_s
-        return rejection(self.metrics, RejectReason.BODY_BYTES, retry_s, None)
+        return self.refuse(RejectReason.BODY_BYTES, 0)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

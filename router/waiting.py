@@ -80,7 +80,8 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
         if ticket is not None:
             objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
             return await wait(ex, parsed, pool, ticket, movable)
-    raise ex.rejection(RejectReason.QUEUE_FULL, server.retry_after_min_s, primary.name)
+    raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([primary, *fallbacks]),
+                       primary.name)
 
 
 async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
@@ -230,7 +231,7 @@ async def unless_draining(ex: Exchange, waiting: Awaitable[Lease], pool: str) ->
         opened.remove_done_callback(cut.opened)
     if cut.why == "opened":  # even with a slot granted at the same instant (passed on)
         raise BackendOpened(pool)
-    raise ex.rejection(RejectReason.DRAINING, ex.config.server.retry_after_min_s, pool)
+    raise ex.rejection(RejectReason.DRAINING, 0, pool)
 
 
 async def wait_or_move(ex: Exchange, ticket: Ticket, limit_s: float,

@@ -19,14 +19,16 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from policies.admission import RejectReason
 from policies.config import Public
 from router.console.shares import tenant_shares
 from router.gateway import GATEWAY, Gateway
-from router.openai_api import ApiError, not_found
+from router.openai_api import not_found
 from router.sse import SSE_HEADERS
 
 WEB_DIR = Path(__file__).with_name("web")
 MAX_SUBSCRIBERS = 100  # dashboards connected at once; the next one gets 503
+SUBSCRIBER_RETRY_S = 10.0  # a dashboard's Retry-After when there is no room (then clamped)
 COALESCE_S = 0.2  # at most one pools event per subscriber in this window
 HEARTBEAT_S = 15.0  # a comment line keeps idle proxies from closing the stream
 WINDOW_S = 60.0  # 429s and fallbacks are counted over this last stretch of time
@@ -118,10 +120,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
         return refused
     seen = gw.keyring.tenants_seen(request, Public.PAGES)  # whose rows this feed shows
     if len(pages.subscribers) >= pages.max_subscribers or pages.closing:
-        err = ApiError(503, "Too many dashboards are connected; retry later.",
-                       "server_error", "too_many_subscribers")
-        err.headers["Retry-After"] = "10"
-        return err.response()
+        return gw.refuse(RejectReason.SUBSCRIBERS, SUBSCRIBER_RETRY_S).response()
     wake = asyncio.Event()
     unwatch: list[Callable[[], None]] = []
     pages.join(wake)

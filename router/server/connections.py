@@ -17,9 +17,11 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Protocol
 
+from policies.admission import RejectReason
 from policies.config import ServerConfig
 from router.openai_api import ApiError
 from router.request.access_log import LogSampler
+from router.request.rejections import answer
 
 # File descriptors kept for what is not a client: the listening socket, Redis, the ledger's
 # database, log files, health probes, DNS. Engine connections are counted apart (per slot).
@@ -84,13 +86,11 @@ class ConnectionGuard:
         self._probed: set[Awaited] = set()  # half-closed clients awaiting their answer
         self._tick = min(1.0, self.head_timeout / 4)  # how late a deadline may fire
         self._ticker: asyncio.TimerHandle | None = None
-        retry = str(max(1, round(self.head_timeout)))
-        self.busy = raw_response(ApiError(
-            503, "The gateway has too many open connections; retry shortly.", "server_error",
-            code="too_many_connections", headers={"Retry-After": retry}))
-        self.busy_client = raw_response(ApiError(
-            503, "Too many open connections from this address; retry shortly.",
-            "server_error", code="too_many_connections", headers={"Retry-After": retry}))
+        full = RejectReason.CONNECTIONS  # a head's deadline from now, a socket may be free
+        self.busy = raw_response(answer(server, full, self.head_timeout))
+        self.busy_client = raw_response(answer(
+            server, full, self.head_timeout, "Too many open connections from this address; "
+            "retry shortly."))
         self.head_timed_out = raw_response(ApiError(
             408, f"The request head was not received within {self.head_timeout:g} s.",
             code="request_timeout"))

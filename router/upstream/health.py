@@ -28,7 +28,6 @@ from policies import failures
 from policies.breaker import Blame, BreakerState, CircuitBreaker, confirmed_failures
 from policies.config import BackendConfig
 from policies.fallback import Standing
-from router.openai_api import ApiError
 from router.upstream.failures import UpstreamFailure
 
 MAX_THROTTLE_S = 300.0  # an upstream Retry-After is honoured up to this
@@ -168,12 +167,6 @@ class BackendHealth:
     def retry_in_s(self, names: list[str]) -> float:
         return min((max(self.breakers[n].retry_in_s() if n in self.breakers else 0.0,
                         self._cooling_s(n)) for n in names), default=1.0)
-
-    def unavailable(self, name: str, chain: list[str], retry_min_s: int) -> ApiError:
-        err = ApiError(503, f"Backend '{name}' is unavailable and so are its route's "
-                       "fallbacks; retry later.", "server_error", "backend_unavailable")
-        err.headers["Retry-After"] = str(max(retry_min_s, math.ceil(self.retry_in_s(chain))))
-        return err
 
     def open(self, name: str) -> None:
         """Take `name` out of service now (its group has no replica left): its line moves
