@@ -14,7 +14,6 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from policies.config import Overflow, Priority
-from policies.eta import advised_retry_s
 from policies.slots import PoolSnapshot
 
 
@@ -56,7 +55,7 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class Reject:
     reason: RejectReason
-    advised_retry_s: int  # the Retry-After the client is given
+    retry_in_s: float  # when a retry is worth it: the soonest forecast (the table clamps)
 
 
 Decision = Run | Wait | Reject
@@ -66,8 +65,6 @@ def decide(
     primary: PoolSnapshot,
     fallbacks: Sequence[PoolSnapshot],
     overflow: Overflow,
-    retry_floor_s: int = 1,
-    retry_cap_s: int = 60,
     priority: Priority = Priority.STANDARD,
     *,
     forecast: Callable[[PoolSnapshot], float],
@@ -91,5 +88,4 @@ def decide(
             if pool.room_for(priority) > 0:
                 return Wait(pool.name, RouteReason.OVERFLOW)
         considered.extend(fallbacks)
-    return Reject(RejectReason.QUEUE_FULL, advised_retry_s(
-        map(forecast, considered), retry_floor_s, retry_cap_s))
+    return Reject(RejectReason.QUEUE_FULL, min(map(forecast, considered)))

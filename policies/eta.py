@@ -10,7 +10,7 @@ until a backend's rates are known, and bench/eta_scenarios.py compares the two.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -211,14 +211,6 @@ class PoolLoad(Protocol):
 def naive_wait(mean_hold_s: float, capacity: int, position: int) -> float:
     """(position / capacity) * mean hold: a slot frees every mean / capacity seconds."""
     return position * mean_hold_s / capacity
-
-
-def advised_retry_s(forecasts_s: Iterable[float], floor_s: int, cap_s: int) -> int:
-    """The Retry-After a refused request is given: whole seconds (>= floor_s >= 1, <= cap_s)
-    until the soonest of `forecasts_s` (each a full pool's forecast of its next free slot,
-    which also frees a place in its queue)."""
-    soonest = min(forecasts_s, default=float(floor_s))
-    return max(floor_s, min(cap_s, math.ceil(soonest)))
 
 
 def queue_wait_s(pool: PoolLoad, position: int) -> float:

@@ -18,7 +18,6 @@ complex request is never downgraded for speed alone.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,7 +48,7 @@ class Choice:
     kind: OptionKind
     backend: str | None  # None when shed
     reason: str  # for x-slotgate-route-reason (or the shed's log)
-    retry_after_s: int | None = None  # when shed: the Retry-After, whole seconds
+    retry_in_s: float | None = None  # when shed: how late the line makes it now, seconds
 
 
 def qualifies(intent: str, p_simple: float, rule: RouteFallbackConfig) -> bool:
@@ -62,11 +61,11 @@ def qualifies(intent: str, p_simple: float, rule: RouteFallbackConfig) -> bool:
 
 
 def choose(options: Sequence[Option], priority: Priority, objective_ttft_s: float | None,
-           downgrade: bool, retry_floor_s: int = 1, retry_cap_s: int = 60) -> Choice:
+           downgrade: bool) -> Choice:
     """The option to take. `options` must hold the primary's; `objective_ttft_s` None:
     no objective (every option meets it); `downgrade`: the request qualifies for the small
-    model (`qualifies`); the shed's Retry-After is bounded by `retry_floor_s` and
-    `retry_cap_s` (the server's `retry_after_min_s` and `retry_after_max_s`)."""
+    model (`qualifies`). A shed request is told to retry once the line has moved enough
+    for it to meet its objective: the fastest option's TTFT less the objective."""
     primary = next((o for o in options if o.kind is OptionKind.PRIMARY), None)
     if primary is None:
         raise ValueError("the options must include the route's primary")
@@ -85,8 +84,7 @@ def choose(options: Sequence[Option], priority: Priority, objective_ttft_s: floa
     if priority is Priority.SHEDDABLE:
         assert objective_ttft_s is not None  # every option meets a missing objective
         late_s = min(o.ttft_s for o in allowed) - objective_ttft_s
-        return Choice(OptionKind.SHED, None, "objective:shed",
-                      _retry_after(late_s, retry_floor_s, retry_cap_s))
+        return Choice(OptionKind.SHED, None, "objective:shed", late_s)
     best = min(allowed, key=_fastest)
     lacking = _lacking(options, downgrade)
     return _choice(best, "best_effort", [o for o in lacking if _fastest(o) < _fastest(best)])
@@ -127,10 +125,3 @@ def _choice(best: Option, how: str, better: Sequence[Option]) -> Choice:
         return Choice(best.kind, best.backend, f"primary:needs:{better[0].lack.value}")
     return Choice(best.kind, best.backend, f"objective:{how}:{best.kind.value}")
 
-
-def _retry_after(late_s: float, floor_s: int, cap_s: int) -> int:
-    """When the forecast says the line will have moved enough for a new request to meet
-    its objective: the fastest option's TTFT less the objective, within the bounds."""
-    if not math.isfinite(late_s):
-        return cap_s
-    return max(floor_s, min(cap_s, math.ceil(late_s)))

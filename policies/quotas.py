@@ -32,7 +32,7 @@ def period_bounds(period: str, now: float) -> tuple[float, float]:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     reason: RejectReason
-    advised_retry_s: int  # the Retry-After the client is given
+    retry_in_s: float  # when the limit lets it through again (the refusal table clamps)
     message: str
 
 
@@ -49,7 +49,7 @@ class QuotaHold:
 
 def refusal(refused: model.Refusal, limits: Limits) -> Refusal:
     """The client's answer for a refusal of the model."""
-    retry_s = max(1, math.ceil(refused.retry_ms / 1000))
+    retry_s = refused.retry_ms / 1000
     if refused.limit is Limit.CONCURRENCY:
         return Refusal(RejectReason.CONCURRENCY, retry_s,
                        f"This key may run {limits.max_concurrent} requests at once; retry "
@@ -68,7 +68,7 @@ def refusal(refused: model.Refusal, limits: Limits) -> Refusal:
     unit = "requests" if refused.limit is Limit.RPM else "tokens"
     return Refusal(RejectReason.RATE_LIMIT, retry_s,
                    f"This key may use {figure} {unit} per minute ({refused.limit.value}); "
-                   f"retry after {retry_s} s.")
+                   f"retry after {max(1, math.ceil(retry_s))} s.")
 
 
 class Quotas:

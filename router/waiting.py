@@ -37,7 +37,7 @@ _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
 
 async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Lease:
     """Route -> admit -> (steer to a fallback) -> take a slot or a place in line."""
-    backends, rec, server = ex.gw.backends, ex.rec, ex.config.server
+    backends, rec = ex.gw.backends, ex.rec
     primary = backends[route.primary].pool
     fallbacks = [backends[name].pool for name in route.fallbacks]
 
@@ -46,19 +46,18 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
 
     for _ in range(_ADMIT_ATTEMPTS):
         decision = decide(
-            primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow,
-            server.retry_after_min_s, server.retry_after_max_s, ex.priority,
+            primary.snapshot(), [p.snapshot() for p in fallbacks], route.overflow, ex.priority,
             forecast=next_slot_s, able=ex.able(parsed, route.primary),
         )
         if isinstance(decision, Reject):
-            raise ex.rejection(decision.reason, decision.advised_retry_s, primary.name)
+            raise ex.rejection(decision.reason, decision.retry_in_s, primary.name)
         target, reason, movable = decision.pool, decision.reason.value, None
         if (route.fallback.when is FallbackWhen.OBJECTIVE and isinstance(decision, Wait)
                 and target == primary.name):  # (a full line overflows as configured)
             choice = aim(ex, parsed, route)
             if choice.backend is None:
-                assert choice.retry_after_s is not None
-                raise ex.rejection(RejectReason.OBJECTIVE, choice.retry_after_s,
+                assert choice.retry_in_s is not None
+                raise ex.rejection(RejectReason.OBJECTIVE, choice.retry_in_s,
                                    primary.name)
             target, reason = choice.backend, choice.reason
         elif target == primary.name and _may_steer(route, decision):
@@ -152,10 +151,8 @@ def aim(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Choice:
     if any(o.kind is OptionKind.SMALL and o.lack is None for o in found):
         facts = classify(ex, parsed, route)
         downgrade = qualifies(facts.intent, facts.p_simple, route.fallback)
-    server = ex.config.server
     objective_s = None if ex.rec.slo_ttft_ms is None else ex.rec.slo_ttft_ms / 1000
-    return choose(found, ex.priority, objective_s, downgrade, server.retry_after_min_s,
-                  server.retry_after_max_s)
+    return choose(found, ex.priority, objective_s, downgrade)
 
 
 async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket,

@@ -6,7 +6,6 @@ import pytest
 
 from policies.admission import Reject, RejectReason, RouteReason, Run, Wait, decide
 from policies.config import Overflow
-from policies.eta import advised_retry_s
 from policies.holds import HoldTimeModel
 from policies.slots import PoolSnapshot
 
@@ -22,6 +21,8 @@ FULL = snap("big", 3, 3, 5, 5)
 SMALL_FREE = snap("small", 8, 0, 0, 4)
 SMALL_QUEUE = snap("small", 8, 8, 1, 4)
 SMALL_FULL = snap("small", 8, 8, 4, 4)
+BIG_NEXT_S = FULL.mean_hold_s / FULL.capacity  # next_slot_s of each
+SMALL_NEXT_S = SMALL_FULL.mean_hold_s / SMALL_FULL.capacity
 
 
 @pytest.mark.parametrize(
@@ -31,9 +32,9 @@ SMALL_FULL = snap("small", 8, 8, 4, 4)
         (QUEUEING, [SMALL_FREE], Overflow.FALLBACK, Wait("big", RouteReason.PRIMARY)),
         (FULL, [SMALL_FREE], Overflow.FALLBACK, Run("small", RouteReason.OVERFLOW)),
         (FULL, [SMALL_QUEUE], Overflow.FALLBACK, Wait("small", RouteReason.OVERFLOW)),
-        (FULL, [SMALL_FREE], Overflow.REJECT, Reject(RejectReason.QUEUE_FULL, 2)),
-        (FULL, [SMALL_FULL], Overflow.FALLBACK, Reject(RejectReason.QUEUE_FULL, 1)),
-        (FULL, [], Overflow.FALLBACK, Reject(RejectReason.QUEUE_FULL, 2)),
+        (FULL, [SMALL_FREE], Overflow.REJECT, Reject(RejectReason.QUEUE_FULL, BIG_NEXT_S)),
+        (FULL, [SMALL_FULL], Overflow.FALLBACK, Reject(RejectReason.QUEUE_FULL, SMALL_NEXT_S)),
+        (FULL, [], Overflow.FALLBACK, Reject(RejectReason.QUEUE_FULL, BIG_NEXT_S)),
         # A fallback with a free slot beats queueing on an earlier one.
         (FULL, [SMALL_QUEUE, snap("tiny", 1, 0, 0, 0)], Overflow.FALLBACK,
          Run("tiny", RouteReason.OVERFLOW)),
@@ -63,27 +64,12 @@ def test_a_rejection_advises_the_soonest_forecast_of_the_pools_it_considered() -
         return forecasts[pool.name]
 
     assert decide(FULL, [SMALL_FULL], Overflow.FALLBACK, forecast=forecast) == Reject(
-        RejectReason.QUEUE_FULL, 4)
-    assert decide(FULL, [SMALL_FREE], Overflow.REJECT, 1, 5, forecast=forecast) == Reject(
-        RejectReason.QUEUE_FULL, 5)  # capped
+        RejectReason.QUEUE_FULL, 3.1)  # the soonest, as forecast (the refusal table clamps)
+    assert decide(FULL, [SMALL_FREE], Overflow.REJECT, forecast=forecast) == Reject(
+        RejectReason.QUEUE_FULL, 7.2)  # a fallback not overflowed to is not asked
     assert decide(QUEUEING, [], Overflow.REJECT, forecast=forecast) == Wait(
         "big", RouteReason.PRIMARY)
     assert asked == ["big", "small", "big"]  # asked only to refuse
-
-
-@pytest.mark.parametrize(
-    ("forecasts", "floor", "cap", "expected"),
-    [
-        ([2.0], 1, 60, 2),
-        ([0.1], 1, 60, 1),  # never 0
-        ([0.0], 1, 60, 1),
-        ([500.0], 1, 60, 60),  # capped
-        ([30.0, 2.1], 1, 60, 3),  # the soonest, rounded up
-        ([3.0], 5, 60, 5),  # floored
-    ],
-)
-def test_advised_retry(forecasts: list[float], floor: int, cap: int, expected: int) -> None:
-    assert advised_retry_s(forecasts, floor, cap) == expected
 
 
 def test_hold_estimator_starts_from_first_measurement_then_smooths() -> None:

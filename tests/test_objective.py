@@ -65,12 +65,13 @@ def went(kind: OptionKind, backend: str, how: str) -> Choice:
         ([big(30.0)], CRITICAL, True, went(PRIMARY, "big", "best_effort")),
         ([big(math.inf), cloud(math.inf)], CRITICAL, True,
          went(PRIMARY, "big", "best_effort")),
-        # ... an early shed for sheddable, its Retry-After when the forecast meets it again.
+        # ... an early shed for sheddable, told when the forecast meets it again (the
+        # refusal table rounds and clamps it: tests/test_rejections.py).
         ([big(30.0), small(20.0), cloud(12.0)], SHEDDABLE, True,
-         Choice(SHED, None, "objective:shed", 7)),
-        ([big(5.2)], SHEDDABLE, True, Choice(SHED, None, "objective:shed", 1)),
-        ([big(500.0)], SHEDDABLE, True, Choice(SHED, None, "objective:shed", 60)),
-        ([big(math.inf)], SHEDDABLE, True, Choice(SHED, None, "objective:shed", 60)),
+         Choice(SHED, None, "objective:shed", 7.0)),
+        ([big(5.5)], SHEDDABLE, True, Choice(SHED, None, "objective:shed", 0.5)),
+        ([big(500.0)], SHEDDABLE, True, Choice(SHED, None, "objective:shed", 495.0)),
+        ([big(math.inf)], SHEDDABLE, True, Choice(SHED, None, "objective:shed", math.inf)),
         # A sheddable request that can meet it is served as any other.
         ([big(30.0), small(1.0)], SHEDDABLE, True, went(SMALL, "small", "met")),
         # A complex request is never downgraded for speed (nor for cost) ...
@@ -121,7 +122,7 @@ def test_a_complex_request_stays_for_its_intent_not_a_lack() -> None:
 def test_critical_is_never_shed_by_the_objective() -> None:
     for ttft in (5.1, 60.0, 1e6, math.inf):
         chosen = choose([big(ttft), small(ttft * 2)], CRITICAL, OBJECTIVE, True)
-        assert chosen.kind is not SHED and chosen.retry_after_s is None
+        assert chosen.kind is not SHED and chosen.retry_in_s is None
 
 
 def test_no_objective_is_met_by_every_option() -> None:
@@ -129,11 +130,13 @@ def test_no_objective_is_met_by_every_option() -> None:
     assert choose(options, SHEDDABLE, None, True) == went(SMALL, "small", "met")
 
 
-def test_the_retry_after_bounds() -> None:
-    chosen = choose([big(100.0)], SHEDDABLE, OBJECTIVE, True, retry_floor_s=2, retry_cap_s=30)
-    assert chosen.retry_after_s == 30
-    chosen = choose([big(5.5)], SHEDDABLE, OBJECTIVE, True, retry_floor_s=2, retry_cap_s=30)
-    assert chosen.retry_after_s == 2
+def test_a_shed_is_told_how_late_the_line_makes_it() -> None:
+    """The fastest option's TTFT less the objective, as forecast (the refusal table clamps
+    it to the server's bounds: tests/test_rejections.py)."""
+    chosen = choose([big(100.0)], SHEDDABLE, OBJECTIVE, True)
+    assert chosen.retry_in_s == pytest.approx(100.0 - OBJECTIVE)
+    chosen = choose([big(7.0), cloud(6.0)], SHEDDABLE, OBJECTIVE, True)
+    assert chosen.retry_in_s == pytest.approx(6.0 - OBJECTIVE)  # the fastest option
 
 
 def test_the_options_must_hold_the_primary_and_no_shed() -> None:

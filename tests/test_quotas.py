@@ -180,7 +180,7 @@ def test_a_new_period_renews_the_budget_and_a_reload_keeps_the_spend() -> None:
     assert isinstance(hold, QuotaHold)
     quotas.settle(hold, tokens=5, cost=1.5)
     refusal = quotas.reserve("k", 5, 0.5)
-    assert isinstance(refusal, Refusal) and refusal.advised_retry_s == 60
+    assert isinstance(refusal, Refusal) and refusal.retry_in_s == 60
     assert quotas.check("k") == refusal  # asked before the body: the same answer
     quotas.configure([limits.model_copy(update={"max_concurrent": 3})])
     assert isinstance(quotas.reserve("k", 5, 0.5), Refusal)  # same period: the spend is kept

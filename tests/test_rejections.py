@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from policies.admission import RejectReason
+from policies.config import ServerConfig
 from router.app import RunningGateway
 from router.console.pages import PAGES
 from router.request import rejections
@@ -124,5 +125,5 @@ async def test_refusals_walked_on_a_gateway(start: StartGateway) -> None:
 @pytest.mark.parametrize(("after_s", "expected"), [
     (0, FLOOR), (0.2, FLOOR), (2.2, 3), (3, 3), (1e9, CAP), (float("inf"), CAP)])
 def test_the_one_clamp(after_s: float, expected: int) -> None:
-    from policies.config import ServerConfig
-    assert rejections.retry_after_s(after_s, ServerConfig(**SERVER)) == expected
+    server = ServerConfig(retry_after_min_s=FLOOR, retry_after_max_s=CAP)
+    assert rejections.retry_after_s(after_s, server) == expected

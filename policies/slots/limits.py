@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import os
 from collections.abc import Iterable, Mapping
 
@@ -134,8 +133,7 @@ class SharedQuotas:
             if not isinstance(exc, (CircuitOpen, CoordinationBusy)):  # it may have run
                 self.give_back(key_id, hold_id)
             if self.fallback is None:
-                retry_s = max(1, math.ceil(self.coordinator.breaker.retry_in_s()))
-                return Refusal(RejectReason.UNAVAILABLE, retry_s,
+                return Refusal(RejectReason.UNAVAILABLE, self.coordinator.breaker.retry_in_s(),
                                "This key's limits are shared through Redis, which cannot "
                                "be reached; retry later.")
             return self.fallback.reserve(key_id, tokens, cost, hold_id)

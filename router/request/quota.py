@@ -28,7 +28,7 @@ def precheck(ex: Exchange, key_id: str) -> None:
     """Refuse before the body is read when this process's book already would (local
     mode; in Redis mode the shared book decides once the request is parsed)."""
     if ex.gw.shared_quotas is None and (refusal := ex.gw.quotas.check(key_id)) is not None:
-        raise ex.rejection(refusal.reason, refusal.advised_retry_s, None, refusal.message)
+        raise ex.rejection(refusal.reason, refusal.retry_in_s, None, refusal.message)
 
 
 def estimate(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> tuple[int, float]:
@@ -62,6 +62,6 @@ async def reserve(ex: Exchange, key_id: str, parsed: ParsedRequest,
     if held is None:
         return
     if not isinstance(held, QuotaHold):
-        raise ex.rejection(held.reason, held.advised_retry_s, None, held.message)
+        raise ex.rejection(held.reason, held.retry_in_s, None, held.message)
     ex.quota = held
     ex.rec.quota_held = True
