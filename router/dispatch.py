@@ -83,67 +83,14 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
                         time.time(), own, endpoint.api.value,
                         tenant=None if gw.keyring.enabled else key_id(request))
-    dialect = DIALECTS.get(endpoint, OPENAI)
-    exchange = Exchange(request, gw, rec, config, dialect)
+    exchange = Exchange(request, gw, rec, config, DIALECTS.get(endpoint, OPENAI))
     if gw.tracer is not None:
         exchange.trace = gw.tracer.begin(request, rec)
-    failed: FailureKind | None = None  # how the upstream exchange failed, if it did
-    big = False  # a body parsed off the loop
     gw.enter(request.task)
     try:
-        if gw.draining:
-            raise exchange.rejection(RejectReason.DRAINING, 0,
-                                     None)
-        if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
-            rec.tenant, rec.key_id = caller.tenant, caller.key_id
-            exchange.weight = caller.weight
-        exchange.priority = gw.keyring.priority(caller, request)
-        rec.priority = exchange.priority.value
-        check_content_type(request)
-        check_content_encoding(request)
-        if caller is not None and caller.key_id in gw.quotas.limits:  # a limited key:
-            quota.precheck(exchange, caller.key_id)  # refused before its body, if it is
-        server = config.server
-        raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
-                              exchange.hold)
-        if len(raw) < BIG_BODY:
-            dialect, parsed = parse_body(raw, endpoint, dialect, config)
-        else:  # off the loop (router.request.big_body)
-            big = True
-            dialect, parsed = await gw.big_bodies.parse(parse_body, raw, endpoint, dialect,
-                                                        config)
-        exchange.dialect, exchange.parsed = dialect, parsed
-        rec.stream, rec.dropped_tools = parsed.stream, parsed.dropped_tools
-        route = config.routes.get(parsed.model)
-        if route is None:
-            raise ApiError(404, f"The model '{parsed.model}' does not exist.",
-                           code="model_not_found", param="model")
-        # A translated API is served by the engines' own (Messages: chat completions).
-        route = fitted(route, parsed.endpoint, config.backends[route.primary].served_apis,
-                       parsed.model, endpoint)
-        window = config.backends[route.primary].context_window
-        if parsed.max_tokens is not None and window is not None and parsed.max_tokens > window:
-            raise ApiError(400, f"max_tokens ({parsed.max_tokens}) exceeds the model's context "
-                           f"window of {window} tokens.", code="context_length_exceeded",
-                           param="max_tokens")
-        rec.route, rec.primary = parsed.model, route.primary
-        experiment = gw.experiments.get(parsed.model)
-        if experiment is not None:
-            key = caller.key_id if caller is not None else rec.tenant
-            arm = experiment.assign(subject(parsed, key, request))
-            rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
-        objective.assign(rec, config, route, exchange.priority)
-        if caller is not None and caller.key_id in gw.quotas.limits:
-            await quota.reserve(exchange, caller.key_id, parsed, route)
-        try:
-            response = await run(exchange, parsed, route)
-        except PoolUnavailable as exc:
-            raise exchange.rejection(RejectReason.UNAVAILABLE, exc.retry_after_s,
-                                     rec.backend or route.primary) from None
-        rec.status = response.status
-        return response
+        return await admitted(exchange, endpoint)
     except UpstreamFailure as failure:  # the response edge: the client's OpenAI-shaped error
-        failed = failure.kind
+        exchange.failed = failure.kind
         err = failure.api_error()
         rec.status, rec.error = err.status, err.code
         return await exchange.fail(err)
@@ -177,30 +124,102 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         rec.status, rec.error = bug.status, bug.code
         return await exchange.fail(bug)
     finally:
-        exchange.hold.release()
-        if big:
-            gw.big_bodies.ended()
-        gw.leave(request.task)
-        rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
-        objective.settle(rec, gw.metrics)
-        logs = config.logging
-        left_out = gw.key_refusals.admit(rec, logs.refusals_per_key_s)  # None: not written
-        settle(gw, rec, gw.keyring.enabled, failed, exchange.quota, left_out is not None)
-        if exchange.trace is not None:
-            exchange.trace.end(rec, None if exchange.parsed is None
-                               else exchange.parsed.max_tokens)
-        if logs.access and left_out is not None and log.isEnabledFor(logging.INFO):
-            if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
-                log_refused(log, gw.refusals, rec, logs.refusal_interval_s)
-            elif left_out:  # a key's refusals left out before this one
-                log.info(orjson.dumps({**orjson.loads(orjson.dumps(rec)),
-                                       "suppressed": left_out}).decode())
-            elif logs.content and exchange.parsed is not None:  # the operator asked for it
-                line = {**orjson.loads(orjson.dumps(rec)),
-                        "prompt": request_text(exchange.parsed.body)}
-                log.info(orjson.dumps(line).decode())
-            else:
-                log.info(orjson.dumps(rec).decode())
+        closed(exchange)
+
+
+async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse:
+    """The request let in (its key, its body, its route, its limits) and run."""
+    gw, rec, config, request = exchange.gw, exchange.rec, exchange.config, exchange.request
+    if gw.draining:
+        raise exchange.rejection(RejectReason.DRAINING, 0, None)
+    if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
+        rec.tenant, rec.key_id = caller.tenant, caller.key_id
+        exchange.weight = caller.weight
+    exchange.priority = gw.keyring.priority(caller, request)
+    rec.priority = exchange.priority.value
+    check_content_type(request)
+    check_content_encoding(request)
+    limited = caller.key_id if caller is not None and caller.key_id in gw.quotas.limits \
+        else None
+    if limited is not None:  # a limited key: refused before its body, if it is
+        quota.precheck(exchange, limited)
+    server = config.server
+    raw = await read_body(request, server.max_body_bytes, server.body_read_timeout_s,
+                          exchange.hold)
+    if len(raw) < BIG_BODY:
+        dialect, parsed = parse_body(raw, endpoint, exchange.dialect, config)
+    else:  # off the loop (router.request.big_body)
+        exchange.big = True
+        dialect, parsed = await gw.big_bodies.parse(parse_body, raw, endpoint,
+                                                    exchange.dialect, config)
+    exchange.dialect, exchange.parsed = dialect, parsed
+    rec.stream, rec.dropped_tools = parsed.stream, parsed.dropped_tools
+    route = routed(exchange, parsed, endpoint)
+    experiment = gw.experiments.get(parsed.model)
+    if experiment is not None:
+        key = caller.key_id if caller is not None else rec.tenant
+        arm = experiment.assign(subject(parsed, key, request))
+        rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
+    objective.assign(rec, config, route, exchange.priority)
+    if limited is not None:
+        await quota.reserve(exchange, limited, parsed, route)
+    try:
+        response = await run(exchange, parsed, route)
+    except PoolUnavailable as exc:
+        raise exchange.rejection(RejectReason.UNAVAILABLE, exc.retry_after_s,
+                                 rec.backend or route.primary) from None
+    rec.status = response.status
+    return response
+
+
+def routed(exchange: Exchange, parsed: ParsedRequest, endpoint: Endpoint) -> RouteConfig:
+    """The route the request's model names, fitted to the API it came on; 404 for no such
+    model, 400 for a max_tokens beyond the primary's context window."""
+    config = exchange.config
+    route = config.routes.get(parsed.model)
+    if route is None:
+        raise ApiError(404, f"The model '{parsed.model}' does not exist.",
+                       code="model_not_found", param="model")
+    # A translated API is served by the engines' own (Messages: chat completions).
+    route = fitted(route, parsed.endpoint, config.backends[route.primary].served_apis,
+                   parsed.model, endpoint)
+    window = config.backends[route.primary].context_window
+    if parsed.max_tokens is not None and window is not None and parsed.max_tokens > window:
+        raise ApiError(400, f"max_tokens ({parsed.max_tokens}) exceeds the model's context "
+                       f"window of {window} tokens.", code="context_length_exceeded",
+                       param="max_tokens")
+    exchange.rec.route, exchange.rec.primary = parsed.model, route.primary
+    return route
+
+
+def closed(exchange: Exchange) -> None:
+    """Whatever way the request ended: its body bound given back, its record settled
+    (metrics, quota, ledger, trace) and written (the access line, sampled for refusals)."""
+    gw, rec, config = exchange.gw, exchange.rec, exchange.config
+    exchange.hold.release()
+    if exchange.big:
+        gw.big_bodies.ended()
+    gw.leave(exchange.request.task)
+    rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
+    objective.settle(rec, gw.metrics)
+    logs = config.logging
+    left_out = gw.key_refusals.admit(rec, logs.refusals_per_key_s)  # None: not written
+    settle(gw, rec, gw.keyring.enabled, exchange.failed, exchange.quota, left_out is not None)
+    if exchange.trace is not None:
+        exchange.trace.end(rec, None if exchange.parsed is None
+                           else exchange.parsed.max_tokens)
+    if logs.access and left_out is not None and log.isEnabledFor(logging.INFO):
+        if gw.keyring.enabled and rec.key_id is None:  # refused before the caller was known
+            log_refused(log, gw.refusals, rec, logs.refusal_interval_s)
+        elif left_out:  # a key's refusals left out before this one
+            log.info(orjson.dumps({**orjson.loads(orjson.dumps(rec)),
+                                   "suppressed": left_out}).decode())
+        elif logs.content and exchange.parsed is not None:  # the operator asked for it
+            line = {**orjson.loads(orjson.dumps(rec)),
+                    "prompt": request_text(exchange.parsed.body)}
+            log.info(orjson.dumps(line).decode())
+        else:
+            log.info(orjson.dumps(rec).decode())
 
 
 def fitted(route: RouteConfig, endpoint: Endpoint, served: frozenset[Api],

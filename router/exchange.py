@@ -14,6 +14,7 @@ from aiohttp import web
 from policies.admission import RejectReason
 from policies.capabilities import Needs, body_tokens, needs_of, serves
 from policies.config import Config, Priority, QueueOrder
+from policies.failures import FailureKind
 from policies.fallback import RequestFacts
 from policies.quotas import QuotaHold
 from policies.slots import Share, SlotPool
@@ -34,9 +35,9 @@ if TYPE_CHECKING:
 class Exchange:
     """One request's state, from its head to its record."""
 
-    __slots__ = ("_needs", "_prompt", "config", "dialect", "facts", "failed_on", "gw", "hold",
-                 "parsed", "place", "priority", "quota", "rec", "request", "response",
-                 "trace", "want", "weight")
+    __slots__ = ("_needs", "_prompt", "big", "config", "dialect", "facts", "failed",
+                 "failed_on", "gw", "hold", "parsed", "place", "priority", "quota", "rec",
+                 "request", "response", "trace", "want", "weight")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config, dialect: Dialect = OPENAI) -> None:
@@ -59,6 +60,8 @@ class Exchange:
         self._prompt: int | None = None
         self.quota: QuotaHold | None = None  # its reservation against its key's limits
         self.trace: RequestTrace | None = None  # its spans (tracing on)
+        self.failed: FailureKind | None = None  # how its upstream exchange failed, if it did
+        self.big = False  # its body was parsed off the loop (router.request.big_body)
 
     def prompt_tokens(self, parsed: ParsedRequest) -> int:
         """A generous estimate of the prompt's tokens, from the whole body's size (worked
