@@ -128,7 +128,8 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
 
 
 async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse:
-    """The request let in (its key, its body, its route, its limits) and run."""
+    """The request let in (its key, its body, its route: 404 for no such model, 400 for a
+    max_tokens beyond the primary's window; its limits) and run."""
     gw, rec, config, request = exchange.gw, exchange.rec, exchange.config, exchange.request
     if gw.draining:
         raise exchange.rejection(RejectReason.DRAINING, 0, None)
@@ -154,7 +155,19 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
                                                     exchange.dialect, config)
     exchange.dialect, exchange.parsed = dialect, parsed
     rec.stream, rec.dropped_tools = parsed.stream, parsed.dropped_tools
-    route = routed(exchange, parsed, endpoint)
+    route = config.routes.get(parsed.model)
+    if route is None:
+        raise ApiError(404, f"The model '{parsed.model}' does not exist.",
+                       code="model_not_found", param="model")
+    # A translated API is served by the engines' own (Messages: chat completions).
+    route = fitted(route, parsed.endpoint, config.backends[route.primary].served_apis,
+                   parsed.model, endpoint)
+    window = config.backends[route.primary].context_window
+    if parsed.max_tokens is not None and window is not None and parsed.max_tokens > window:
+        raise ApiError(400, f"max_tokens ({parsed.max_tokens}) exceeds the model's context "
+                       f"window of {window} tokens.", code="context_length_exceeded",
+                       param="max_tokens")
+    rec.route, rec.primary = parsed.model, route.primary
     experiment = gw.experiments.get(parsed.model)
     if experiment is not None:
         key = caller.key_id if caller is not None else rec.tenant
@@ -170,26 +183,6 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
                                  rec.backend or route.primary) from None
     rec.status = response.status
     return response
-
-
-def routed(exchange: Exchange, parsed: ParsedRequest, endpoint: Endpoint) -> RouteConfig:
-    """The route the request's model names, fitted to the API it came on; 404 for no such
-    model, 400 for a max_tokens beyond the primary's context window."""
-    config = exchange.config
-    route = config.routes.get(parsed.model)
-    if route is None:
-        raise ApiError(404, f"The model '{parsed.model}' does not exist.",
-                       code="model_not_found", param="model")
-    # A translated API is served by the engines' own (Messages: chat completions).
-    route = fitted(route, parsed.endpoint, config.backends[route.primary].served_apis,
-                   parsed.model, endpoint)
-    window = config.backends[route.primary].context_window
-    if parsed.max_tokens is not None and window is not None and parsed.max_tokens > window:
-        raise ApiError(400, f"max_tokens ({parsed.max_tokens}) exceeds the model's context "
-                       f"window of {window} tokens.", code="context_length_exceeded",
-                       param="max_tokens")
-    exchange.rec.route, exchange.rec.primary = parsed.model, route.primary
-    return route
 
 
 def closed(exchange: Exchange) -> None:

@@ -57,7 +57,7 @@ def first_token(rec: RequestRecord, metrics: Metrics, at: float) -> None:
 
 def settle(rec: RequestRecord, metrics: Metrics) -> None:
     """At its end: a request not yet judged (no first token) is judged now."""
-    if rec.slo_met is not None:
+    if rec.slo_met is not None or rec.slo_ttft_ms is None:  # judged, or no objective
         return
     judged = verdict(rec.slo_ttft_ms, rec.ttft_ms, rec.total_ms,
                      client_left=rec.disconnect is not None)
