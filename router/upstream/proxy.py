@@ -115,6 +115,12 @@ class Attempt:
     # The trace context sent in place of the client's (tracing on): traceparent, tracestate.
     trace: dict[str, str] | None = None
 
+    def arrived(self) -> None:
+        """The answer's first byte is here (its whole body, for one not streamed)."""
+        self.first_byte_at = time.perf_counter()
+        if self.on_first_byte is not None:
+            self.on_first_byte(self.first_byte_at)
+
 
 def returned_headers(headers: MultiMapping[str], secret: str | None = None
                      ) -> dict[str, str]:
@@ -177,44 +183,28 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
     up: Response | None = None
     done = False
     try:
-        # The first-byte and idle deadlines are kept by the connection pool (a coarse
-        # ticker, not a timer re-armed per request or per chunk).
+        # Its first-byte and idle deadlines: the pool's coarse ticker, no timer per request.
         up = await upstream.http.request(
             "POST", upstream.target(attempt.endpoint.value.removeprefix("/v1")), headers,
-            attempt.body,
-            connect_timeout_s=cfg.connect_timeout_s,
+            attempt.body, connect_timeout_s=cfg.connect_timeout_s,
             first_byte_timeout_s=cfg.first_byte_timeout_s, idle_timeout_s=cfg.idle_timeout_s)
         attempt.status = up.status
         if up.status != 200:
             raise await _upstream_error(up, upstream.name, upstream.secret())
         if not stream:
-            raw = await _read_bounded(up, attempt.max_response_bytes, upstream.name)
-            attempt.first_byte_at = time.perf_counter()
-            if attempt.on_first_byte is not None:
-                attempt.on_first_byte(attempt.first_byte_at)
-            answer = answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
-            usage_from_answer(answer, attempt.usage)
-            if attempt.translation is not None:
-                raw = attempt.translation.answer(answer)
+            whole = _whole(attempt, up, await _read_bounded(
+                up, attempt.max_response_bytes, upstream.name))
             done = True
-            # Case-insensitive: the gateway's x-request-id replaces an engine's own.
-            headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
-            headers_out.update(attempt.headers)
-            headers_out["Content-Type"] = "application/json"
-            return web.Response(body=raw, status=200, headers=headers_out)
-        events: Relay = (EventRelay(attempt.strip_usage, attempt.usage)
-                         if attempt.translation is None
-                         else attempt.translation.relay(attempt.usage))
+            return whole
+        events: Relay = (EventRelay(attempt.strip_usage, attempt.usage) if attempt.translation
+                         is None else attempt.translation.relay(attempt.usage))
         chunk = await up.readany()
-        attempt.first_byte_at = time.perf_counter()
-        if attempt.on_first_byte is not None:
-            attempt.on_first_byte(attempt.first_byte_at)
+        attempt.arrived()
         # Nothing of the answer goes out before the engine's first valid event: a stream of
         # garbage is a fault the request can leave for a sibling.
         opening, ended = await opening_of(events, chunk, up, upstream.name)
         if response is None:
-            response = web.StreamResponse(status=200,
-                                          headers={**SSE_HEADERS, **attempt.headers})
+            response = web.StreamResponse(headers={**SSE_HEADERS, **attempt.headers})
             attempt.response = response
             await _send(response.prepare(request))
             if attempt.preamble:
@@ -234,41 +224,57 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
         done = True
         await _send(response.write_eof())
         return response
-    except ConnectFailed as exc:
-        if exc.timeout:
-            raise UpstreamFailure(FailureKind.CONNECT_TIMEOUT, upstream.name,
-                                  f"Backend '{upstream.name}' is unreachable (connect timeout)."
-                                  ) from None
-        raise UpstreamFailure(FailureKind.REFUSED, upstream.name,
-                              f"Backend '{upstream.name}' is unreachable (connection failed)."
-                              ) from None
-    except ResponseTimeout as exc:
-        if exc.first_byte:
-            raise UpstreamFailure(FailureKind.FIRST_BYTE_TIMEOUT, upstream.name,
-                                  f"Backend '{upstream.name}' sent no first byte within "
-                                  f"{cfg.first_byte_timeout_s:g} s.", status=504) from None
-        raise UpstreamFailure(FailureKind.IDLE_TIMEOUT, upstream.name,
-                              f"Backend '{upstream.name}' went idle for "
-                              f"{cfg.idle_timeout_s:g} s.", status=504) from None
-    except EventTooLarge:
-        raise UpstreamFailure(FailureKind.TOO_LARGE, upstream.name,
-                              f"Backend '{upstream.name}' sent an event over "
-                              f"{MAX_EVENT_BYTES} bytes.") from None
-    except ResponseDropped as exc:
-        why = type(exc).__name__
-        if attempt.status != 0:  # the answer had begun
-            raise UpstreamFailure(FailureKind.DROPPED, upstream.name,
-                                  f"Backend '{upstream.name}' dropped the connection: {why}."
-                                  ) from None
-        kind = FailureKind.BAD_RESPONSE if isinstance(exc, BadResponse) else FailureKind.REFUSED
-        raise UpstreamFailure(kind, upstream.name,
-                              f"Backend '{upstream.name}' is unreachable: {why}.") from None
+    except (ConnectFailed, ResponseTimeout, EventTooLarge, ResponseDropped) as exc:
+        raise _failure(exc, upstream.name, cfg, attempt.status != 0) from None
     finally:
         if up is not None:
             if done:
                 up.release()
             else:
                 up.close()  # drop the connection: the engine aborts the generation
+
+
+def _whole(attempt: Attempt, up: Response, raw: bytes) -> web.Response:
+    """A whole (non-streamed) answer, read: checked, its usage taken, translated, sent with
+    the engine's headers that may be returned and the gateway's own."""
+    attempt.arrived()
+    upstream = attempt.upstream
+    answer = answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
+    usage_from_answer(answer, attempt.usage)
+    if attempt.translation is not None:
+        raw = attempt.translation.answer(answer)
+    # Case-insensitive: the gateway's x-request-id replaces an engine's own.
+    headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
+    headers_out.update(attempt.headers)
+    headers_out["Content-Type"] = "application/json"
+    return web.Response(body=raw, status=200, headers=headers_out)
+
+
+def _failure(exc: Exception, name: str, cfg: BackendConfig, begun: bool) -> UpstreamFailure:
+    """What a failed exchange with backend `name` was, for the health checks and the
+    client (`begun`: the answer's status had arrived)."""
+    if isinstance(exc, ConnectFailed):
+        if exc.timeout:
+            return UpstreamFailure(FailureKind.CONNECT_TIMEOUT, name,
+                                   f"Backend '{name}' is unreachable (connect timeout).")
+        return UpstreamFailure(FailureKind.REFUSED, name,
+                               f"Backend '{name}' is unreachable (connection failed).")
+    if isinstance(exc, ResponseTimeout):
+        if exc.first_byte:
+            return UpstreamFailure(FailureKind.FIRST_BYTE_TIMEOUT, name,
+                                   f"Backend '{name}' sent no first byte within "
+                                   f"{cfg.first_byte_timeout_s:g} s.", status=504)
+        return UpstreamFailure(FailureKind.IDLE_TIMEOUT, name, f"Backend '{name}' went idle "
+                               f"for {cfg.idle_timeout_s:g} s.", status=504)
+    if isinstance(exc, EventTooLarge):
+        return UpstreamFailure(FailureKind.TOO_LARGE, name,
+                               f"Backend '{name}' sent an event over {MAX_EVENT_BYTES} bytes.")
+    why = type(exc).__name__  # ResponseDropped
+    if begun:
+        return UpstreamFailure(FailureKind.DROPPED, name,
+                               f"Backend '{name}' dropped the connection: {why}.")
+    kind = FailureKind.BAD_RESPONSE if isinstance(exc, BadResponse) else FailureKind.REFUSED
+    return UpstreamFailure(kind, name, f"Backend '{name}' is unreachable: {why}.")
 
 
 async def _write_stalled(response: web.StreamResponse, data: bytes,
