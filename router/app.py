@@ -105,7 +105,6 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     try:
         gw.tracer = start_tracer(gw.config.tracing)  # None when off (the default)
-        gw.stalls.start()
         if gw.config.coordination.mode is CoordinationMode.REDIS:
             gw.coordinator = await start_coordinator(gw.config.coordination, gw.stalls)
         gw.keyring = Keyring(gw.config.auth)
@@ -128,6 +127,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.ledger.start()
             await seed_quotas(gw, gw.ledger)
             gw.metrics.watch_ledger(gw.ledger)
+        gw.stalls.start()  # from here on: startup's own work is no stall of serving
         gw.ready = True
         yield
     finally:

@@ -374,11 +374,12 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         await ex.send(start)
     elif parsed.stream and ex.wants_events(parsed):
         preamble = start  # said right after the headers, before the first chunk
+    fold = upstream.config.system_messages is SystemMessages.FOLD
+    body = (upstream_body(parsed, upstream.config.model, fold) if not ex.big else  # its dump
+            await ex.gw.big_bodies.off_loop(upstream_body, parsed, upstream.config.model, fold))
     attempt = Attempt(
-        ex.request, upstream, parsed.endpoint, upstream_body(
-            parsed, upstream.config.model,
-            upstream.config.system_messages is SystemMessages.FOLD),
-        parsed.stream, strip_usage=parsed.stream and not parsed.wants_usage,
+        ex.request, upstream, parsed.endpoint, body, parsed.stream,
+        strip_usage=parsed.stream and not parsed.wants_usage,
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,

@@ -60,6 +60,7 @@ async def test_big_bodies_are_parsed_off_the_loop(start: StartGateway, sdk: SdkC
         healthz_s = time.perf_counter() - began
         assert await asyncio.gather(*flood) == [200] * 6
     assert big.parsed == 6 and big.held == 0 and big.parsing == 0
+    assert big.worked == 12  # each parse, and each dump for the engine, on the thread
     assert healthz_s < 5.0  # generous: the figure is the bench's
     if big.can_trim:  # glibc: the heap handed back once the last had ended
         await poll_until(lambda: big.trims >= 1)

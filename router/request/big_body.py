@@ -1,5 +1,6 @@
-"""Request bodies of a mebibyte or more: parsed off the event loop, one at a time, and
-the heap they took handed back to the system once the last of them has ended.
+"""Request bodies of a mebibyte or more: parsed off the event loop, one at a time (and
+dumped for the engine there too), and the heap they took handed back to the system once
+the last of them has ended.
 
 orjson holds the GIL while it parses, so a thread does not make a parse free: the loop
 still waits for the longest single C call of it (orjson's parse, a numpy pass of the
@@ -50,6 +51,7 @@ class BigBodies:
         self.parsing = 0  # parses submitted and not yet done
         self._switch = 0.0  # the interval before the first of them
         self.parsed = 0  # big bodies parsed off the loop so far
+        self.worked = 0  # works done on the thread so far: the parses and the dumps
         self.trims = 0
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -61,11 +63,17 @@ class BigBodies:
         """`parse(raw, *args)` on the big bodies' thread (counted held until `ended`)."""
         self.held += 1
         self.parsed += 1
+        return await self.off_loop(parse, raw, *args)
+
+    async def off_loop(self, work: Callable[..., T], *args: object) -> T:
+        """`work(*args)` on the big bodies' thread: more of a big body's work (its dump
+        for the engine), queued behind the parses."""
+        self.worked += 1
         if self.parsing == 0:
             self._switch = sys.getswitchinterval()
             sys.setswitchinterval(min(self._switch, _SWITCH_S))
         self.parsing += 1
-        done = asyncio.get_running_loop().run_in_executor(self._pool(), parse, raw, *args)
+        done = asyncio.get_running_loop().run_in_executor(self._pool(), work, *args)
         done.add_done_callback(self._parsed)  # (also when its request is cancelled)
         return await done
 
