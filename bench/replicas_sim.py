@@ -41,7 +41,8 @@ from replicas import (
 )
 
 from policies import pick
-from policies.fallback import DEFAULT_OUTPUT_TOKENS, estimate_tokens
+from policies.capabilities import estimate_tokens
+from policies.lengths import OUTPUT_PRIOR
 from policies.prefix import BLOCK_BYTES, AffinityTable, block_hashes, request_text
 from router.upstream.simulated.cache import PrefixCache
 
@@ -149,7 +150,7 @@ def simulate(policy: str, sessions: Sequence[Session], systems: Sequence[str]) -
         text = request_text({"messages": messages})
         request.hashes = block_hashes(text)
         request.tokens = (estimate_tokens(len(text), len(text.encode()))
-                          + DEFAULT_OUTPUT_TOKENS)
+                          + OUTPUT_PRIOR)
         name = group.choose(request) if not group.line else None
         if name is None:
             request.want = group.table.match(request.hashes).replica

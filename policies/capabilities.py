@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.apis import Api
-
-# Output budget assumed when the request sets no max_tokens, for the context-window check.
-DEFAULT_OUTPUT_TOKENS = 1024
+from policies.lengths import OUTPUT_PRIOR
 
 
 class Capability(enum.StrEnum):
@@ -87,7 +85,7 @@ def needs_of(body: Mapping[str, Any], prompt_tokens: int, max_tokens: int | None
 
 def size(prompt_tokens: int, max_tokens: int | None) -> int:
     """The tokens a request may take in a context window: its prompt and its output cap."""
-    return prompt_tokens + (max_tokens if max_tokens is not None else DEFAULT_OUTPUT_TOKENS)
+    return prompt_tokens + (max_tokens if max_tokens is not None else OUTPUT_PRIOR)
 
 
 def _nonempty(value: object) -> bool:

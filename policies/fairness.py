@@ -20,7 +20,8 @@ import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-DEFAULT_OUTPUT_TOKENS = 256  # a waiter's answer, as the order's forecast charges it, uncapped
+from policies.lengths import OUTPUT_PRIOR
+
 MAX_TENANTS = 10_000  # counters kept per pool; the lowest idle ones go first
 
 
@@ -35,7 +36,7 @@ class Waiter:
 
 def expected_tokens(prompt_tokens: int, max_tokens: int | None) -> int:
     """What a waiter is expected to be charged: its prompt and its answer (its cap)."""
-    return prompt_tokens + (DEFAULT_OUTPUT_TOKENS if max_tokens is None else max_tokens)
+    return prompt_tokens + (OUTPUT_PRIOR if max_tokens is None else max_tokens)
 
 
 class Counters:

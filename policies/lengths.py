@@ -15,6 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 WINDOW = 256  # recent answers kept
+# An answer's length when nothing is known of it (no max_tokens, no answer of its backend
+# measured or hinted): the one prior of every estimate that needs one (the context-window
+# fit, a fair line's charge, an option's cost, a replica's load).
+OUTPUT_PRIOR = 256
 TAIL_FRACTION = 0.25  # past the data, an answer at n tokens runs ~n/4 more (mean excess)
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from policies import pick
-from policies.capabilities import DEFAULT_OUTPUT_TOKENS, estimate_tokens
+from policies.capabilities import estimate_tokens
+from policies.lengths import OUTPUT_PRIOR
 from policies.prefix import NO_MATCH, block_hashes, request_text
 from policies.slots import Lease
 from router.backend import Backend
@@ -39,7 +40,7 @@ def placement(parsed: ParsedRequest, session_header: str | None,
               block_bytes: int) -> Placement:
     text = request_text(parsed.body)
     prompt = estimate_tokens(len(text), len(text.encode(errors="replace")))
-    output = parsed.max_tokens if parsed.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
+    output = parsed.max_tokens if parsed.max_tokens is not None else OUTPUT_PRIOR
     return Placement(block_hashes(text, block_bytes), prompt + output,
                      pick.session_key(session_header, parsed.body.get("user")), block_bytes)
 

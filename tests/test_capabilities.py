@@ -10,7 +10,6 @@ import pytest
 from policies import admission
 from policies.capabilities import (
     ALL_CAPABILITIES,
-    DEFAULT_OUTPUT_TOKENS,
     Ability,
     Capability,
     Lack,
@@ -22,6 +21,7 @@ from policies.capabilities import (
 )
 from policies.config import Overflow, RouteConfig
 from policies.fallback import Plan, Retry, Standing, Unavailable, lead, retry_on, without
+from policies.lengths import OUTPUT_PRIOR
 from policies.slots import PoolSnapshot
 
 TOOLS, VISION, SCHEMA = Capability.TOOLS, Capability.VISION, Capability.JSON_SCHEMA
@@ -78,7 +78,7 @@ def test_needs_of(body: dict[str, Any], expected: set[Capability]) -> None:
 
 def test_size_is_the_prompt_and_the_output_budget() -> None:
     assert needs_of({}, 500, 200).tokens == 700
-    assert needs_of({}, 500, None).tokens == 500 + DEFAULT_OUTPUT_TOKENS
+    assert needs_of({}, 500, None).tokens == 500 + OUTPUT_PRIOR
 
 
 SMALL_PLAIN = Ability(frozenset(), 8192)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from policies.fairness import (
-    DEFAULT_OUTPUT_TOKENS,
     Counters,
     Waiter,
     expected_tokens,
     order,
     pick,
 )
+from policies.lengths import OUTPUT_PRIOR
 
 
 @pytest.mark.parametrize(("heads", "served", "expected"), [
@@ -118,7 +118,7 @@ def test_trim_never_drops_the_busy() -> None:
 
 
 @pytest.mark.parametrize(("prompt", "max_tokens", "expected"), [
-    (10, None, 10 + DEFAULT_OUTPUT_TOKENS),
+    (10, None, 10 + OUTPUT_PRIOR),
     (10, 5, 15),
     (0, 0, 0),
 ])

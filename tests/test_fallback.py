@@ -54,10 +54,10 @@ GREETING_SCHEMA = RequestFacts("greeting", 0.97, 20, 100, frozenset({Capability.
         # Too long for the fallback's context window (prompt + max_tokens).
         (RequestFacts("summarize", 0.9, 1900, 200), SATURATED, [SMALL_TINY_CONTEXT], RULE,
          Stay(StayReason.NEEDS, (), Lack.CONTEXT)),
-        # No max_tokens: a default output budget counts against the window.
-        (RequestFacts("summarize", 0.9, 1500, None), SATURATED, [SMALL_TINY_CONTEXT], RULE,
+        # No max_tokens: the output prior (policies.lengths) counts against the window.
+        (RequestFacts("summarize", 0.9, 1850, None), SATURATED, [SMALL_TINY_CONTEXT], RULE,
          Stay(StayReason.NEEDS, (), Lack.CONTEXT)),
-        (RequestFacts("summarize", 0.9, 1500, 100), SATURATED, [SMALL_TINY_CONTEXT], RULE,
+        (RequestFacts("summarize", 0.9, 1850, 100), SATURATED, [SMALL_TINY_CONTEXT], RULE,
          Move("small", "fallback:simple:summarize:0.90")),
         # Fallback busy but its line is shorter than the primary's: move into its queue.
         (GREETING, SATURATED, [SMALL_BUSY_SHORT], RULE, Move("small", REASON)),

@@ -11,13 +11,13 @@ import yaml
 
 from policies.answers import AnswerModel, hints
 from policies.config import BackendConfig, Priority
-from policies.lengths import WINDOW
+from policies.lengths import OUTPUT_PRIOR, WINDOW
 from policies.slo import Verdict, objective_s, verdict
 from policies.ttft import first_byte_s, predict_ttft_s
 from router.app import start_gateway
 from router.config import ConfigError, check_main, config_from_dict, load_config, parse_config
 from router.reload import ReloadRefused, reload_file
-from router.request.options import EXPECTED_OUTPUT_TOKENS, expected_output
+from router.request.options import expected_output
 from tests.support import MESSAGES, SdkClients, assert_idle, sim_backend
 
 BASE = """\
@@ -176,9 +176,9 @@ def measured(tokens: int, answers: int) -> AnswerModel:
 
 
 @pytest.mark.parametrize(("model", "max_tokens", "expected"), [
-    (cold(REAL)[0], None, EXPECTED_OUTPUT_TOKENS),  # nothing known: the constant
+    (cold(REAL)[0], None, OUTPUT_PRIOR),  # nothing known: the prior
     (cold(REAL)[0], 100, 100),  # or a lower cap
-    (cold(REAL)[0], 1000, EXPECTED_OUTPUT_TOKENS),
+    (cold(REAL)[0], 1000, OUTPUT_PRIOR),
     (cold(sim_backend("m", 1, sim=ENGINE))[0], None, 101),  # the engine's length
     (cold(sim_backend("m", 1, sim=ENGINE))[0], 1000, 101),
     (cold(sim_backend("m", 1, sim=ENGINE))[0], 51, 51),

@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from policies.capabilities import Lack, lack
+from policies.lengths import OUTPUT_PRIOR
 from policies.objective import Option, OptionKind
 from policies.pricing import request_cost
 from router.request.objective import expected_first_byte_s
@@ -29,12 +30,6 @@ if TYPE_CHECKING:
     from router.backend import Backend
     from router.exchange import Exchange
     from router.openai_api import ParsedRequest
-
-# An answer's expected length when the backend's answer model knows none (no length
-# measured or hinted): what the cost of an option assumes (a lower max_tokens counts
-# instead).
-EXPECTED_OUTPUT_TOKENS = 256
-
 
 def options(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> list[Option]:
     """The primary's option, then each fallback's, in the route's order."""
@@ -73,5 +68,5 @@ def expected_output(answers: AnswerModel, max_tokens: int | None) -> int:
     """The tokens a backend's answer is expected to run to, capped by `max_tokens`."""
     expected = answers.expected_tokens(max_tokens)
     if expected is None:
-        return min(max_tokens or EXPECTED_OUTPUT_TOKENS, EXPECTED_OUTPUT_TOKENS)
+        return min(max_tokens or OUTPUT_PRIOR, OUTPUT_PRIOR)  # (a lower max_tokens counts)
     return round(expected)
