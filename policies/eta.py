@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from policies.holds import HoldDistribution, HoldTimeModel
 
@@ -197,22 +196,7 @@ def predict_waits(
     return waits
 
 
-class PoolLoad(Protocol):
-    """What the snapshot helpers read of a pool (`policies.slots.PoolSnapshot` is one):
-    declared here so that the forecast imports nothing of the pools that use it."""
-
-    @property
-    def capacity(self) -> int: ...
-
-    @property
-    def mean_hold_s(self) -> float: ...
-
-
 def naive_wait(mean_hold_s: float, capacity: int, position: int) -> float:
-    """(position / capacity) * mean hold: a slot frees every mean / capacity seconds."""
+    """(position / capacity) * mean hold: a slot frees every mean / capacity seconds. The
+    baseline the benches hold the forecast against (bench/eta_scenarios.py)."""
     return position * mean_hold_s / capacity
-
-
-def queue_wait_s(pool: PoolLoad, position: int) -> float:
-    """Naive expected wait of the ticket at `position` (1 = next) in a saturated pool."""
-    return naive_wait(pool.mean_hold_s, pool.capacity, position)

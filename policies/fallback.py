@@ -20,7 +20,7 @@ never second-guessed. Failover is told which backends may take the request (`abl
 from __future__ import annotations
 
 import enum
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.apis import Api
@@ -35,7 +35,6 @@ from policies.capabilities import (
     size,
 )
 from policies.config import FallbackWhen, Overflow, RouteConfig, RouteFallbackConfig
-from policies.eta import queue_wait_s
 from policies.slots import PoolSnapshot
 
 
@@ -99,7 +98,11 @@ def decide(
     primary: PoolSnapshot,
     fallbacks: Sequence[Candidate],
     rule: RouteFallbackConfig,
+    *,
+    wait: Callable[[PoolSnapshot], float],
 ) -> Move | Stay:
+    """Steer or stay. `wait(pool)`: the pool's own forecast of a newcomer's wait in its
+    line (the one admission refuses on), asked only when the primary is saturated."""
     if rule.when is FallbackWhen.NEVER:
         return Stay(StayReason.NEVER)
     saturated = primary.free == 0 or primary.queued > 0
@@ -118,11 +121,10 @@ def decide(
     for c in fitting:
         if c.pool.free > 0 and c.pool.queued == 0:
             return Move(c.pool.name, reason)
-    primary_wait = queue_wait_s(primary, primary.queued + 1) if saturated else 0.0
+    primary_wait = wait(primary) if saturated else 0.0
     for c in fitting:
         if c.pool.queue_room > 0 and (
-            rule.when is FallbackWhen.ALWAYS
-            or queue_wait_s(c.pool, c.pool.queued + 1) < primary_wait
+            rule.when is FallbackWhen.ALWAYS or wait(c.pool) < primary_wait
         ):
             return Move(c.pool.name, reason)
     return Stay(StayReason.NO_ROOM, tuple(c.pool.name for c in fitting))

@@ -139,8 +139,12 @@ def steer(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Move | Sta
                   frozenset(backends[name].capabilities), backends[name].served_apis)
         for name in route.fallbacks
     ]
+
+    def wait(pool: PoolSnapshot) -> float:  # the pool's own forecast, as admission's
+        return gw.backends[pool.name].pool.forecast(pool.queued + 1)
+
     return steer_by_intent(facts, gw.backends[route.primary].pool.snapshot(), candidates,
-                           route.fallback)
+                           route.fallback, wait=wait)
 
 
 def aim(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Choice:

@@ -13,12 +13,10 @@ import pytest
 from policies import eta, holds
 from policies.eta import (
     forecast_wait,
-    naive_wait,
     predict_wait,
     predict_waits,
 )
 from policies.holds import HoldTimeModel
-from policies.slots import PoolSnapshot
 
 
 def fed(holds: list[float], initial_s: float = 5.0) -> HoldTimeModel:
@@ -56,16 +54,6 @@ def test_equal_holds_give_exact_waits(capacity: int, ages: list[float],
     assert got == pytest.approx(expected, rel=2e-3, abs=1e-6)
     assert predict_waits(model, ages, capacity, len(expected)) == pytest.approx(
         expected, rel=2e-3, abs=1e-6)
-
-
-@pytest.mark.parametrize(
-    ("mean", "capacity", "position", "expected"),
-    [(10.0, 2, 3, 15.0), (4.0, 3, 1, 4 / 3), (6.0, 1, 5, 30.0), (5.0, 4, 0, 0.0)],
-)
-def test_naive_wait(mean: float, capacity: int, position: int, expected: float) -> None:
-    assert naive_wait(mean, capacity, position) == pytest.approx(expected)
-    pool = PoolSnapshot("p", capacity, capacity, 0, 10, mean)
-    assert eta.queue_wait_s(pool, position) == pytest.approx(expected)
 
 
 def kth_departure_median(holds: list[float], ages: list[float], k: int, draws: int) -> float:

@@ -29,6 +29,12 @@ GREETING_VISION = RequestFacts("greeting", 0.97, 20, 100, frozenset({Capability.
 GREETING_SCHEMA = RequestFacts("greeting", 0.97, 20, 100, frozenset({Capability.JSON_SCHEMA}))
 
 
+def wait(pool: PoolSnapshot) -> float:
+    """A stand-in for a pool's own forecast of a newcomer's wait: a slot frees every mean
+    hold / capacity, and the newcomer is behind the line."""
+    return (pool.queued + 1) * pool.mean_hold_s / pool.capacity
+
+
 @pytest.mark.parametrize(
     ("facts", "primary", "fallbacks", "rule", "expected"),
     [
@@ -88,7 +94,7 @@ GREETING_SCHEMA = RequestFacts("greeting", 0.97, 20, 100, frozenset({Capability.
 )
 def test_decide(facts: RequestFacts, primary: PoolSnapshot, fallbacks: list[Candidate],
                 rule: RouteFallbackConfig, expected: Move | Stay) -> None:
-    assert decide(facts, primary, fallbacks, rule) == expected
+    assert decide(facts, primary, fallbacks, rule, wait=wait) == expected
 
 
 @pytest.mark.parametrize(
