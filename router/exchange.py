@@ -123,7 +123,8 @@ class Exchange:
             return ()  # from a group)
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
-            self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block)
+            self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block,
+                                   self.prompt_tokens(parsed))
         pick = preference(backend, self.place, self.failed_on)
         self.rec.pick, self.rec.prefix_blocks, self.want = pick.reason, pick.known, pick.holder
         return pick.first

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from policies import pick
-from policies.capabilities import estimate_tokens
 from policies.lengths import OUTPUT_PRIOR
 from policies.prefix import NO_MATCH, block_hashes, request_text
 from policies.slots import Lease
@@ -36,10 +35,11 @@ class Placement:
     block_bytes: int  # the block size the hashes were cut with
 
 
-def placement(parsed: ParsedRequest, session_header: str | None,
-              block_bytes: int) -> Placement:
+def placement(parsed: ParsedRequest, session_header: str | None, block_bytes: int,
+              prompt: int) -> Placement:
+    """`prompt`: the request's prompt tokens as every estimate counts them (the body's,
+    `Exchange.prompt_tokens`)."""
     text = request_text(parsed.body)
-    prompt = estimate_tokens(len(text), len(text.encode(errors="replace")))
     output = parsed.max_tokens if parsed.max_tokens is not None else OUTPUT_PRIOR
     return Placement(block_hashes(text, block_bytes), prompt + output,
                      pick.session_key(session_header, parsed.body.get("user")), block_bytes)
