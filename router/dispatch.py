@@ -86,7 +86,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     exchange = Exchange(request, gw, rec, config, DIALECTS.get(endpoint, OPENAI))
     if gw.tracer is not None:
         exchange.trace = gw.tracer.begin(request, rec)
-    gw.enter(request.task)
+    gw.handlers.add(request.task)  # (Gateway.enter, inline: every request pays it)
     try:
         return await admitted(exchange, endpoint)
     except UpstreamFailure as failure:  # the response edge: the client's OpenAI-shaped error
@@ -194,9 +194,11 @@ def closed(exchange: Exchange) -> None:
         gw.big_bodies.ended()
     gw.leave(exchange.request.task)
     rec.total_ms = (time.perf_counter() - rec.started_at) * 1000
-    objective.settle(rec, gw.metrics)
+    if rec.slo_ttft_ms is not None:  # an objective applied: judged now if not yet
+        objective.settle(rec, gw.metrics)
     logs = config.logging
-    left_out = gw.key_refusals.admit(rec, logs.refusals_per_key_s)  # None: not written
+    left_out = (0 if rec.status < 400 or rec.key_id is None  # None: not written
+                else gw.key_refusals.admit(rec, logs.refusals_per_key_s))
     settle(gw, rec, gw.keyring.enabled, exchange.failed, exchange.quota, left_out is not None)
     if exchange.trace is not None:
         exchange.trace.end(rec, None if exchange.parsed is None

@@ -115,11 +115,6 @@ class Attempt:
     # The trace context sent in place of the client's (tracing on): traceparent, tracestate.
     trace: dict[str, str] | None = None
 
-    def arrived(self) -> None:
-        """The answer's first byte is here (its whole body, for one not streamed)."""
-        self.first_byte_at = time.perf_counter()
-        if self.on_first_byte is not None:
-            self.on_first_byte(self.first_byte_at)
 
 
 def returned_headers(headers: MultiMapping[str], secret: str | None = None
@@ -199,7 +194,9 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
         events: Relay = (EventRelay(attempt.strip_usage, attempt.usage) if attempt.translation
                          is None else attempt.translation.relay(attempt.usage))
         chunk = await up.readany()
-        attempt.arrived()
+        attempt.first_byte_at = time.perf_counter()
+        if attempt.on_first_byte is not None:
+            attempt.on_first_byte(attempt.first_byte_at)
         # Nothing of the answer goes out before the engine's first valid event: a stream of
         # garbage is a fault the request can leave for a sibling.
         opening, ended = await opening_of(events, chunk, up, upstream.name)
@@ -227,17 +224,16 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
     except (ConnectFailed, ResponseTimeout, EventTooLarge, ResponseDropped) as exc:
         raise _failure(exc, upstream.name, cfg, attempt.status != 0) from None
     finally:
-        if up is not None:
-            if done:
-                up.release()
-            else:
-                up.close()  # drop the connection: the engine aborts the generation
+        if up is not None:  # unless done, the connection is dropped: the engine aborts
+            up.release() if done else up.close()
 
 
 def _whole(attempt: Attempt, up: Response, raw: bytes) -> web.Response:
     """A whole (non-streamed) answer, read: checked, its usage taken, translated, sent with
     the engine's headers that may be returned and the gateway's own."""
-    attempt.arrived()
+    attempt.first_byte_at = time.perf_counter()  # (its whole body, not streamed)
+    if attempt.on_first_byte is not None:
+        attempt.on_first_byte(attempt.first_byte_at)
     upstream = attempt.upstream
     answer = answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
     usage_from_answer(answer, attempt.usage)
