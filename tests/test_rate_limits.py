@@ -134,7 +134,10 @@ async def test_fail_open_local_holds_each_process_to_its_share(
 async def test_a_running_request_keeps_its_reservation_past_the_lease_ttl(
         sdk: SdkClients, start: StartGateway, redis_server: RedisServer) -> None:
     raw = config(redis_server.url, max_concurrent=1)
-    raw["coordination"] |= {"lease_ttl_s": 1, "recheck_s": 0.3}
+    # A short lease, renewed often; calls allowed a third of it, and a breaker that one slow
+    # call on a loaded machine does not open (this test is about renewals, not outages).
+    raw["coordination"] |= {"lease_ttl_s": 1, "recheck_s": 0.3, "call_timeout_s": 0.33,
+                            "breaker_failures": 3}
     gw = await start(raw)
     sim = engine(gw)
     sim.hold()
