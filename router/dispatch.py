@@ -1,7 +1,8 @@
 """One request's life: parse -> route -> admit -> (wait) -> forward -> release -> record.
 
 The decisions come from `policies`; this module carries them out, with the wait for a
-slot in `router.waiting` and the request's state in `router.exchange`. The slot lease is
+slot in `router.waiting`, each attempt on a slot in `router.attempt` and the request's
+state in `router.exchange`. The slot lease is
 released in `finally` on every path; a failure before the first byte may be retried on
 the route's next backend; every request, whatever its end, is accounted for once.
 """
@@ -12,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 from aiohttp import web
@@ -23,20 +23,18 @@ from policies import fallback
 from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
 from policies.breaker import Blame
-from policies.capabilities import Capability
 from policies.config import (
     Config,
     FallbackWhen,
     RouteConfig,
     RouteFallbackConfig,
-    SystemMessages,
 )
 from policies.failures import FailureKind
-from policies.forecast import Progress
 from policies.slots import Lease, PoolUnavailable
 from router.apis.anthropic import ANTHROPIC
 from router.apis.dialect import OPENAI, Dialect
 from router.apis.responses import dialect_for
+from router.attempt import forward_on, forward_while_held
 from router.exchange import Exchange
 from router.gateway import GATEWAY
 from router.openai_api import (
@@ -46,7 +44,6 @@ from router.openai_api import (
     check_content_encoding,
     check_content_type,
     read_body,
-    upstream_body,
 )
 from router.placement import placed, unplaced
 from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
@@ -54,11 +51,10 @@ from router.request import objective, quota
 from router.request.access_log import log_refused
 from router.request.accounting import learn, settle
 from router.request.big_body import BIG_BODY
-from router.request.usage import CLIENT_CLOSED, bounded_usage, count_tokens
+from router.request.usage import CLIENT_CLOSED
 from router.upstream.failures import UpstreamFailure
-from router.upstream.forwarding import Forwarding
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
-from router.upstream.proxy import Attempt, ClientGone, forward
+from router.upstream.proxy import ClientGone
 from router.waiting import admit, admit_to
 
 log = logging.getLogger("slotgate.access")
@@ -86,7 +82,7 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     exchange = Exchange(request, gw, rec, config, DIALECTS.get(endpoint, OPENAI))
     if gw.tracer is not None:
         exchange.trace = gw.tracer.begin(request, rec)
-    gw.handlers.add(request.task)  # (Gateway.enter, inline: every request pays it)
+    gw.handlers.add(request.task)  # left in `closed` (Gateway.leave)
     try:
         return await admitted(exchange, endpoint)
     except UpstreamFailure as failure:  # the response edge: the client's OpenAI-shaped error
@@ -339,80 +335,6 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         if ex.rec.completion_tokens is not None:  # what a fair line charges its tenant
             lease.charge(ex.rec.completion_tokens)
         await lease.release()
-
-
-async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
-                             lost: asyncio.Future[None]) -> web.StreamResponse:
-    """Forward, but stop (the engine aborts) if the shared slot is taken away."""
-    forwarding = asyncio.ensure_future(forward_on(ex, parsed, lease))
-    either: set[asyncio.Future[Any]] = {forwarding, lost}
-    try:
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not forwarding.done():
-            forwarding.cancel()
-            await asyncio.wait({forwarding})  # raises only a cancellation of our own
-        if forwarding.done() and not forwarding.cancelled():  # may end in ClientGone: retrieved
-            forwarding.exception()
-    if not forwarding.cancelled():
-        return forwarding.result()
-    raise ex.rejection(RejectReason.SLOT_LOST, 0, lease.pool)
-
-
-async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
-    """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
-    rec = ex.rec
-    backend = ex.gw.backends[lease.pool]
-    upstream = backend.replicas[lease.replica].upstream
-    start = ex.dialect.start_frame(lease.pool, rec.reason, rec.queue_wait_ms,
-                                   ex.wants_events(parsed), rec.replica)
-    preamble = b""
-    tracing, context = ex.trace, None
-    if tracing is not None:  # the attempt's span: the engine gets it as its traceparent
-        where = upstream.target(parsed.endpoint.value.removeprefix("/v1"))
-        context = tracing.attempt(lease.pool, lease.replica, where.host, where.port,
-                                  upstream.config.model)
-    if ex.response is not None:
-        await ex.send(start)
-    elif parsed.stream and ex.wants_events(parsed):
-        preamble = start  # said right after the headers, before the first chunk
-    fold = upstream.config.system_messages is SystemMessages.FOLD
-    body = (upstream_body(parsed, upstream.config.model, fold) if not ex.big else  # its dump
-            await ex.gw.big_bodies.off_loop(upstream_body, parsed, upstream.config.model, fold))
-    attempt = Attempt(
-        ex.request, upstream, parsed.endpoint, body, parsed.stream,
-        strip_usage=parsed.stream and not parsed.wants_usage,
-        request_id=rec.request_id, headers=ex.headers(),
-        max_response_bytes=ex.config.server.max_response_bytes,
-        rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
-        on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
-        translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
-        usage=bounded_usage(ex.prompt_tokens(parsed), parsed.max_tokens,
-                            Capability.VISION in ex.needs(parsed).capabilities,
-                            upstream.config.context_window))
-    # The forecast reads the relay's event count (a stream's); nothing more per event.
-    lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
-    failed: str | None = None  # how the attempt failed, for its span
-    try:
-        response = await forward(attempt)
-        rec.phase = Phase.DONE
-        return response
-    except UpstreamFailure as failure:
-        failed = failure.kind.value
-        raise
-    except (ClientGone, ConnectionResetError, asyncio.CancelledError):
-        failed = "client_disconnected" if not ex.gw.cutting else "shutdown"
-        raise
-    finally:
-        if tracing is not None:
-            tracing.attempted(attempt.status, failed)
-        ex.response = attempt.response
-        if attempt.streaming and rec.phase is not Phase.DONE:
-            rec.phase = Phase.STREAMING
-        if attempt.status == 200:  # the backend took the request and began to answer
-            count_tokens(rec, parsed, attempt.usage)
-            if attempt.usage.rejected:
-                ex.gw.metrics.usage_rejected(lease.pool)
 
 
 def refused(rec: RequestRecord, err: ApiError, parsed: ParsedRequest | None,

@@ -86,9 +86,6 @@ class Gateway:
         """Requests inside the handler now."""
         return len(self.handlers)
 
-    def enter(self, task: asyncio.Task[object]) -> None:
-        self.handlers.add(task)
-
     def leave(self, task: asyncio.Task[object]) -> None:
         self.handlers.discard(task)
         if not self.handlers:

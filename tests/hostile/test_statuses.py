@@ -14,8 +14,9 @@ import aiohttp
 import orjson
 import pytest
 
-from router import dispatch
-from router.openai_api import ParsedRequest, upstream_body
+from router import attempt
+from router.openai_api import ParsedRequest
+from router.upstream.request_body import upstream_body
 from tests.hostile.keys import access_lines, scrape, value
 from tests.support import (
     StartGateway,
@@ -42,7 +43,7 @@ def break_upstream_body(monkeypatch: pytest.MonkeyPatch) -> None:
             raise RuntimeError("a bug in building the upstream body")
         return upstream_body(parsed, model, fold_system)
 
-    monkeypatch.setattr(dispatch, "upstream_body", broken)
+    monkeypatch.setattr(attempt, "upstream_body", broken)
 
 
 def body(**extra: Any) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""One attempt of a request on its lease's backend and replica: the body sent upstream,
+the answer relayed, its progress recorded whatever the way it ends; and, for a slot leased
+in Redis, the attempt stopped if the lease is taken away. `router.dispatch` calls it for
+each try (a retry before the first byte is a new attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from policies.admission import RejectReason
+from policies.capabilities import Capability
+from policies.config import SystemMessages
+from policies.forecast import Progress
+from policies.slots import Lease
+from router.exchange import Exchange
+from router.openai_api import ParsedRequest
+from router.record import Phase
+from router.request import objective
+from router.request.usage import bounded_usage, count_tokens
+from router.upstream.failures import UpstreamFailure
+from router.upstream.forwarding import Forwarding
+from router.upstream.proxy import Attempt, ClientGone, forward
+from router.upstream.request_body import upstream_body
+
+
+async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
+                             lost: asyncio.Future[None]) -> web.StreamResponse:
+    """Forward, but stop (the engine aborts) if the shared slot is taken away."""
+    forwarding = asyncio.ensure_future(forward_on(ex, parsed, lease))
+    either: set[asyncio.Future[Any]] = {forwarding, lost}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not forwarding.done():
+            forwarding.cancel()
+            await asyncio.wait({forwarding})  # raises only a cancellation of our own
+        if forwarding.done() and not forwarding.cancelled():  # may end in ClientGone: retrieved
+            forwarding.exception()
+    if not forwarding.cancelled():
+        return forwarding.result()
+    raise ex.rejection(RejectReason.SLOT_LOST, 0, lease.pool)
+
+
+async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
+    """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
+    rec = ex.rec
+    backend = ex.gw.backends[lease.pool]
+    upstream = backend.replicas[lease.replica].upstream
+    start = ex.dialect.start_frame(lease.pool, rec.reason, rec.queue_wait_ms,
+                                   ex.wants_events(parsed), rec.replica)
+    preamble = b""
+    tracing, context = ex.trace, None
+    if tracing is not None:  # the attempt's span: the engine gets it as its traceparent
+        where = upstream.target(parsed.endpoint.value.removeprefix("/v1"))
+        context = tracing.attempt(lease.pool, lease.replica, where.host, where.port,
+                                  upstream.config.model)
+    if ex.response is not None:
+        await ex.send(start)
+    elif parsed.stream and ex.wants_events(parsed):
+        preamble = start  # said right after the headers, before the first chunk
+    fold = upstream.config.system_messages is SystemMessages.FOLD
+    body = (upstream_body(parsed, upstream.config.model, fold) if not ex.big else  # its dump
+            await ex.gw.big_bodies.off_loop(upstream_body, parsed, upstream.config.model, fold))
+    attempt = Attempt(
+        ex.request, upstream, parsed.endpoint, body, parsed.stream,
+        strip_usage=parsed.stream and not parsed.wants_usage,
+        request_id=rec.request_id, headers=ex.headers(),
+        max_response_bytes=ex.config.server.max_response_bytes,
+        rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
+        on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
+        translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
+        usage=bounded_usage(ex.prompt_tokens(parsed), parsed.max_tokens,
+                            Capability.VISION in ex.needs(parsed).capabilities,
+                            upstream.config.context_window))
+    # The forecast reads the relay's event count (a stream's); nothing more per event.
+    lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
+    failed: str | None = None  # how the attempt failed, for its span
+    try:
+        response = await forward(attempt)
+        rec.phase = Phase.DONE
+        return response
+    except UpstreamFailure as failure:
+        failed = failure.kind.value
+        raise
+    except (ClientGone, ConnectionResetError, asyncio.CancelledError):
+        failed = "client_disconnected" if not ex.gw.cutting else "shutdown"
+        raise
+    finally:
+        if tracing is not None:
+            tracing.attempted(attempt.status, failed)
+        ex.response = attempt.response
+        if attempt.streaming and rec.phase is not Phase.DONE:
+            rec.phase = Phase.STREAMING
+        if attempt.status == 200:  # the backend took the request and began to answer
+            count_tokens(rec, parsed, attempt.usage)
+            if attempt.usage.rejected:
+                ex.gw.metrics.usage_rejected(lease.pool)
