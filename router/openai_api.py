@@ -260,10 +260,7 @@ def parse_request(raw: bytes, endpoint: Endpoint,
     else:
         prompts = _count_prompts(body.get("prompt"), limits.max_sequences)
     _check_sequences(body, prompts, limits.max_sequences)
-
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
+    stream = False if (given := body.get("stream")) is None else given
     if not isinstance(stream, bool):
         raise invalid("'stream' must be a boolean.", "stream")
 
@@ -369,43 +366,3 @@ def _check_sequences(body: dict[str, Any], prompts: int, cap: int) -> None:
     raise invalid(f"This request asks for {asked} sequences ({' x '.join(parts)}); the "
                   f"gateway allows {cap} per request (server.max_sequences), one slot each.",
                   param)
-
-
-def upstream_body(parsed: ParsedRequest, upstream_model: str,
-                  fold_system: bool = False) -> bytes:
-    """The body sent upstream: the client's, with `model` rewritten and usage asked for;
-    `fold_system`: its system messages made one, first (for an engine whose chat template
-    takes no other)."""
-    body = dict(parsed.body)
-    body["model"] = upstream_model
-    if fold_system and isinstance(body.get("messages"), list):
-        body["messages"] = folded(body["messages"])
-    body.pop("slotgate", None)  # the gateway's own options never reach an engine
-    if parsed.stream and not parsed.wants_usage:
-        options = dict(body.get("stream_options") or {})
-        options["include_usage"] = True
-        body["stream_options"] = options
-    return orjson.dumps(body)
-
-
-def folded(messages: list[Any]) -> list[Any]:
-    """`messages` with one system message, first: every system message's text joined in
-    order (a blank line between); the rest in order. Unchanged when there is nothing to
-    fold (no system message past the first place)."""
-    late = [i for i, m in enumerate(messages)
-            if i and isinstance(m, dict) and m.get("role") == "system"]
-    if not late:
-        return messages
-    systems = [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
-    texts = [_text_of(m.get("content")) for m in systems]
-    rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") == "system")]
-    return [{"role": "system", "content": "\n\n".join(t for t in texts if t)}, *rest]
-
-
-def _text_of(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: their text
-        return "\n".join(part["text"] for part in content
-                         if isinstance(part, dict) and isinstance(part.get("text"), str))
-    return ""
