@@ -48,7 +48,6 @@ async def test_clients_that_leave_mid_stream_leave_no_unretrieved_exception(
         await poll_until(lambda: engine(gw).active == 0, within_s=10)  # engines aborted
         await assert_idle(gw)
         gc.collect()  # a finished task reports an unretrieved exception when collected
-        await asyncio.sleep(0)
     finally:
         loop.set_exception_handler(default)
     assert not unretrieved, [c.get("message") for c in unretrieved]
