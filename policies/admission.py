@@ -73,7 +73,7 @@ def decide(
     """Where the request goes, or why not. `forecast(pool)`: the pool's own forecast of
     seconds until its next slot frees, asked only for a rejection's Retry-After. `able`:
     the fallbacks that serve the request (None: all), asked only when it would overflow."""
-    if primary.free > 0 and primary.queued == 0:
+    if primary.open:
         return Run(primary.name, RouteReason.PRIMARY)
     if primary.room_for(priority) > 0:
         return Wait(primary.name, RouteReason.PRIMARY)
@@ -82,7 +82,7 @@ def decide(
         if able is not None:
             fallbacks = [pool for pool in fallbacks if pool.name in able]
         for pool in fallbacks:
-            if pool.free > 0 and pool.queued == 0:
+            if pool.open:
                 return Run(pool.name, RouteReason.OVERFLOW)
         for pool in fallbacks:
             if pool.room_for(priority) > 0:

@@ -25,6 +25,10 @@ NO_DELAY_RATE = 1e6  # tokens/s of a simulated engine without decode delay
 # max_tokens until this share of the lengths' window is new: not rebuilt per answer.
 STALE_SHARE = 1 / 32
 MEMO_SIZE = 64  # max_tokens values remembered at once
+# Seconds to prefill one prompt token, until a hint says (`rates.prefill_tokens_per_s`):
+# 10,000 tokens/s, the order of a 70B model's prefill on one 8-GPU node. What a replica's
+# prefix cache saves a request is its warm tokens at this rate.
+PREFILL_PRIOR_S_PER_TOKEN = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,7 @@ class Hints:
     ttft_s: float | None = None
     tokens_per_s: float | None = None
     lengths: Survival | None = None  # None: an answer runs to its max_tokens
+    prefill_s_per_token: float | None = None  # None: `PREFILL_PRIOR_S_PER_TOKEN`
 
 
 def hints(config: BackendConfig) -> Hints:
@@ -45,13 +50,17 @@ def hints(config: BackendConfig) -> Hints:
     tps = rates.tokens_per_s if rates is not None and rates.tokens_per_s is not None else None
     lengths = (uniform(rates.output_tokens, HINT_SPREAD)
                if rates is not None and rates.output_tokens is not None else None)
+    prefill = (1 / rates.prefill_tokens_per_s
+               if rates is not None and rates.prefill_tokens_per_s is not None else None)
     if spec is not None:
         ttft = spec.ttft_s if ttft is None else ttft
         if tps is None:
             tps = spec.tokens_per_s or NO_DELAY_RATE
         if lengths is None:
             lengths = uniform(spec.output_tokens, spec.output_tokens_spread)
-    return Hints(ttft, tps, lengths)
+        if prefill is None and spec.prefill_s_per_token:
+            prefill = spec.prefill_s_per_token
+    return Hints(ttft, tps, lengths, prefill)
 
 
 def _simulated(config: BackendConfig) -> SimulatedSpec | None:
@@ -84,6 +93,11 @@ class AnswerModel:
         self._expected_at = -1
         if not self.rate_samples:
             self.ttft_s, self.tokens_per_s = given.ttft_s, given.tokens_per_s
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        hinted = self._hints.prefill_s_per_token
+        return PREFILL_PRIOR_S_PER_TOKEN if hinted is None else hinted
 
     @property
     def known(self) -> bool:

@@ -105,7 +105,7 @@ def decide(
     line (the one admission refuses on), asked only when the primary is saturated."""
     if rule.when is FallbackWhen.NEVER:
         return Stay(StayReason.NEVER)
-    saturated = primary.free == 0 or primary.queued > 0
+    saturated = not primary.open
     if rule.when is FallbackWhen.SATURATED and not saturated:
         return Stay(StayReason.PRIMARY_FREE)
     if facts.intent not in rule.intents:
@@ -119,7 +119,7 @@ def decide(
         lack = first_lack(needs, [c.ability for c in fallbacks])
         return Stay(StayReason.NEEDS, lack=lack) if lack else Stay(StayReason.NO_ROOM)
     for c in fitting:
-        if c.pool.free > 0 and c.pool.queued == 0:
+        if c.pool.open:
             return Move(c.pool.name, reason)
     primary_wait = wait(primary) if saturated else 0.0
     for c in fitting:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from policies.prefix import NO_MATCH, Match
@@ -41,6 +41,7 @@ class PickReason(enum.StrEnum):
     LEAST_LOADED = "least_loaded"
     ROUND_ROBIN = "round_robin"
     BOUND = "bound"  # the replica affinity or the turn named was too hot: least loaded
+    HOLD = "hold"  # it waits for the busy replica holding its prefix (sooner than a cold prefill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,41 @@ class Pick:
     replica: str
     reason: PickReason
     cursor: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Wait for `replica`, which holds the request's prefix, for at most `patience_s`
+    (then take any replica's next slot); its slot is expected in `eta_s`."""
+
+    replica: str
+    patience_s: float
+    eta_s: float
+
+
+def hold_out(replicas: Sequence[Replica], tokens: int, prefix: Match, saving_s: float,
+             holder_wait_s: Callable[[], float], other_wait_s: float,
+             epsilon: float = EPSILON) -> Hold | None:
+    """Should a request wait for the busy replica holding its prefix rather than run
+    elsewhere? Yes when its expected time to first token there (the wait for a slot on
+    it, `holder_wait_s()`, asked only if it may) beats the soonest elsewhere: the next
+    slot on another replica (`other_wait_s`: 0 when one is free) and the prefill of the
+    blocks that replica lacks (`saving_s`: the warm tokens' prefill time). It waits at
+    most that long: past it, a cold start elsewhere is no longer later. A holder that
+    is unhealthy, free (the pick takes it), or whose load with the request would pass
+    the bound (`bound`) is not waited for."""
+    if not prefix.blocks or prefix.replica is None or saving_s <= 0:
+        return None
+    holder = next((r for r in replicas if r.name == prefix.replica), None)
+    if holder is None or not holder.healthy or holder.free:
+        return None
+    if holder.load_tokens + tokens > bound(replicas, tokens, epsilon):
+        return None
+    patience_s = other_wait_s + saving_s
+    wait_s = holder_wait_s()
+    if not wait_s < patience_s:
+        return None
+    return Hold(holder.name, patience_s, wait_s)
 
 
 def session_key(header: str | None, user: object) -> str | None:

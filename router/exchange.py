@@ -36,7 +36,7 @@ class Exchange:
     """One request's state, from its head to its record."""
 
     __slots__ = ("_needs", "_prompt", "big", "config", "dialect", "facts", "failed",
-                 "failed_on", "gw", "hold", "parsed", "place", "priority", "quota", "rec",
+                 "failed_on", "gw", "hold", "hold_s", "parsed", "place", "priority", "quota", "rec",
                  "request", "response", "trace", "want", "weight")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
@@ -52,6 +52,7 @@ class Exchange:
         self.place: Placement | None = None  # for a group's pick, made at most once
         self.failed_on: list[str] = []  # replicas it failed on before its first byte
         self.want: str | None = None  # the replica holding its prefix, should it wait
+        self.hold_s = 0.0  # how long it waits for `want` alone (the pick's `Hold`)
         self.priority = Priority.STANDARD
         self.weight = 1.0  # its tenant's share of a `fair` line (its key's weight)
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
@@ -120,13 +121,15 @@ class Exchange:
         """The replica of `backend`'s group to try first (empty: any, or a group of one)."""
         if not backend.grouped:
             self.rec.pick = self.rec.prefix_blocks = self.want = None  # (a retry may come
-            return ()  # from a group)
+            self.hold_s = 0.0  # from a group)
+            return ()
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
             self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block,
                                    self.prompt_tokens(parsed))
         pick = preference(backend, self.place, self.failed_on)
         self.rec.pick, self.rec.prefix_blocks, self.want = pick.reason, pick.known, pick.holder
+        self.hold_s = 0.0 if pick.hold is None else pick.hold.patience_s
         return pick.first
 
     def retry_after(self, pools: Iterable[SlotPool]) -> float:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from policies import pick
 from policies.lengths import OUTPUT_PRIOR
-from policies.prefix import NO_MATCH, block_hashes, request_text
+from policies.prefix import NO_MATCH, Match, block_hashes, request_text
 from policies.slots import Lease
 from router.backend import Backend
 from router.openai_api import ParsedRequest
@@ -52,6 +52,7 @@ class Preference(NamedTuple):
     reason: str | None  # why (a `PickReason`; None when no replica is free)
     known: int | None  # the prompt's blocks the affinity table knew (None: not looked up)
     holder: str | None  # the replica that holds them, which a waiter would rather have
+    hold: pick.Hold | None = None  # wait for the holder (busy) rather than run elsewhere
 
 
 def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()) -> Preference:
@@ -75,10 +76,33 @@ def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()) ->
                        cursor=backend.cursor,
                        warm_tokens=match.blocks * place.block_bytes // BYTES_PER_TOKEN)
     known = match.blocks if table is not None else None
+    if match.replica is not None and backend.pool.pins and (
+            choice is None or choice.reason is not pick.PickReason.PREFIX):
+        hold = _hold(backend, place, snapshot, match, free=choice is not None)
+        if hold is not None:
+            return Preference((), pick.PickReason.HOLD.value, known, hold.replica, hold)
     if choice is None:
         return Preference((), None, known, match.replica)
     backend.cursor = choice.cursor
     return Preference((choice.replica,), choice.reason.value, known, match.replica)
+
+
+def _hold(backend: Backend, place: Placement, snapshot: Sequence[pick.Replica],
+          match: Match, free: bool) -> pick.Hold | None:
+    """Would the request rather wait for the busy replica holding its prefix
+    (`pick.hold_out`)? `free`: another replica has a free slot now."""
+    pool, holder = backend.pool, match.replica
+    assert holder is not None
+    if free:
+        other_s = 0.0
+    else:  # the group's next slot for a newcomer behind the waiters that take any
+        line = pool.snapshot()
+        other_s = pool.forecast(max(1, line.queued - line.pinned + 1))
+    warm = min(match.blocks * place.block_bytes // BYTES_PER_TOKEN, place.tokens)
+    return pick.hold_out(snapshot, place.tokens, match,
+                         warm * backend.answers.prefill_s_per_token,
+                         lambda: pool.replica_wait(holder), other_s,
+                         backend.config.affinity.load_bound)
 
 
 def placed(backend: Backend, lease: Lease, place: Placement | None) -> int:

@@ -23,6 +23,7 @@ from policies.fallback import decide as steer_by_intent
 from policies.objective import Choice, OptionKind, choose, qualifies
 from policies.slots import Lease, PoolSnapshot, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers
+from router.backend import Backend
 from router.exchange import Exchange
 from router.openai_api import ParsedRequest
 from router.record import Phase
@@ -69,16 +70,10 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
             else:
                 reason = step.reason or reason  # primary:needs:<what a fallback lacks>
         backend = backends[target]
-        pool = backend.pool
         rec.backend, rec.reason = target, reason
-        lease = await pool.try_acquire(ex.prefer(backend, parsed), ex.fair_share(backend, parsed))
+        lease = await take(ex, parsed, backend, movable)
         if lease is not None:
-            objective.predict(rec, backend, 0.0, parsed.max_tokens)
             return lease
-        ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens, ex.share(parsed))
-        if ticket is not None:
-            objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
-            return await wait(ex, parsed, pool, ticket, movable)
     raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([primary, *fallbacks]),
                        primary.name)
 
@@ -86,17 +81,31 @@ async def admit(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> Leas
 async def admit_to(ex: Exchange, parsed: ParsedRequest, backend: str) -> Lease:
     """A slot on one given backend (a retry): free now, or after waiting in its line."""
     group = ex.gw.backends[backend]
-    pool = group.pool
     ex.rec.backend = backend
-    lease = await pool.try_acquire(ex.prefer(group, parsed), ex.fair_share(group, parsed))
-    if lease is not None:
-        objective.predict(ex.rec, group, 0.0, parsed.max_tokens)
-        return lease
-    ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens, ex.share(parsed))
+    lease = await take(ex, parsed, group, None)
+    if lease is None:
+        raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([group.pool]), backend)
+    return lease
+
+
+async def take(ex: Exchange, parsed: ParsedRequest, backend: Backend,
+               movable: str | None) -> Lease | None:
+    """A free slot on `backend` (its group's pick first), else one after a wait in its
+    line (pinned to the replica holding the prompt's prefix while the pick says to wait
+    for it; `movable`: a fallback it may move to meanwhile); None when the line is full."""
+    pool = backend.pool
+    first = ex.prefer(backend, parsed)
+    if not ex.hold_s:
+        lease = await pool.try_acquire(first, ex.fair_share(backend, parsed))
+        if lease is not None:
+            objective.predict(ex.rec, backend, 0.0, parsed.max_tokens)
+            return lease
+    ticket = await pool.enqueue(ex.priority, ex.want, parsed.max_tokens, ex.share(parsed),
+                                ex.hold_s)
     if ticket is None:
-        raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), backend)
-    objective.predict(ex.rec, group, ticket.eta_s(), parsed.max_tokens)
-    return await wait(ex, parsed, pool, ticket, None)
+        return None
+    objective.predict(ex.rec, backend, ticket.eta_s(), parsed.max_tokens)
+    return await wait(ex, parsed, pool, ticket, movable)
 
 
 def _may_steer(route: RouteConfig, decision: Decision) -> bool:

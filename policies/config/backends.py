@@ -52,6 +52,8 @@ class RatesHint(StrictModel):
     ttft_s: float | None = Field(default=None, ge=0, le=600)  # to the first token
     tokens_per_s: float | None = Field(default=None, gt=0, le=1_000_000)  # per stream
     output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)  # a typical answer
+    # prompt tokens prefilled per second (what a prefix-cache hit saves: the replica pick)
+    prefill_tokens_per_s: float | None = Field(default=None, gt=0, le=100_000_000)
 
 
 NonNegativeMoney = Annotated[float, Field(ge=0, le=1_000_000)]

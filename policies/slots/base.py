@@ -65,10 +65,17 @@ class PoolSnapshot:
     queue_limit: int
     mean_hold_s: float
     sheddable: int = 0  # of `queued`: waiters a higher class may displace
+    pinned: int = 0  # of `queued`: waiters that take a slot on one replica alone, for now
 
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.active)
+
+    @property
+    def open(self) -> bool:
+        """May a newcomer take a slot now? One is free and no waiter would take it (those
+        waiting are pinned to other replicas)."""
+        return self.capacity > self.active and self.queued <= self.pinned
 
     @property
     def queue_room(self) -> int:
@@ -158,6 +165,8 @@ class SlotPool(Protocol):
 
     def forecast(self, position: int) -> float: ...  # seconds until `position` gets a slot
 
+    pins: bool  # may a waiter be pinned to one replica for a while (`enqueue`'s `hold_s`)
+
     def next_change(self) -> asyncio.Future[None]: ...  # resolved when active/queued change
 
     def next_move(self) -> asyncio.Future[None]: ...  # resolved when places in line may move
@@ -170,13 +179,18 @@ class SlotPool(Protocol):
                           share: Share | None = None) -> Lease | None: ...
 
     # A ticket, or None when the queue is full (and holds no one to displace). `want`: the
-    # replica of the group it would rather run on (a hint a pool may use, or not).
+    # replica of the group it would rather run on (a hint a pool may use, or not); with
+    # `hold_s` > 0, a pool that `pins` takes it for that replica alone for that long.
     # `max_tokens`: its request's cap, for the forecast of the places behind it.
     # `share`: its tenant, for a `fair` line (None: a tenant of its own, weight 1).
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
                       max_tokens: int | None = None,
-                      share: Share | None = None) -> Ticket | None: ...
+                      share: Share | None = None, hold_s: float = 0.0) -> Ticket | None: ...
+
+    # Expected seconds until a slot on `replica` would serve one more waiter pinned to it
+    # (`enqueue(want=replica, hold_s=...)`); a pool that pins no one: its `forecast(1)`.
+    def replica_wait(self, replica: str) -> float: ...
 
     def seats(self) -> tuple[Seats, ...]: ...  # each replica's slots, held and health
 

@@ -112,6 +112,11 @@ class FailoverPool:
             return self.local.snapshot()
         return self.shared.snapshot()
 
+    pins = False  # its line is shared: a waiter takes the first slot freed in the group
+
+    def replica_wait(self, replica: str) -> float:
+        return self.forecast(1)
+
     def forecast(self, position: int) -> float:
         if self.degraded and self.local is not None:
             return self.local.forecast(position)
@@ -175,7 +180,7 @@ class FailoverPool:
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
                       max_tokens: int | None = None,
-                      share: Share | None = None) -> Ticket | None:
+                      share: Share | None = None, hold_s: float = 0.0) -> Ticket | None:
         try:
             ticket = await self.shared.enqueue(priority, max_tokens=max_tokens, share=share)
         except CoordinationError:

@@ -85,7 +85,7 @@ class LocalLease:
 
 class LocalTicket:
     __slots__ = ("_claimed", "_future", "_pool", "bypassed", "enqueued_at", "max_tokens",
-                 "rank", "seq", "share", "want")
+                 "pin", "rank", "seq", "share", "want")
 
     def __init__(self, pool: Owner, future: asyncio.Future[LocalLease],
                  rank: int, want: str | None = None, max_tokens: int | None = None,
@@ -101,6 +101,10 @@ class LocalTicket:
         self.max_tokens = max_tokens  # its request's cap: how long it will hold its slot
         self.share = share  # its tenant, for a `fair` line (kept in either order: a reload
         # may switch the line's order while it waits)
+        # While set, it takes a slot on `want` alone (the scheduler found waiting for the
+        # replica that holds its prefix sooner than a cold prefill elsewhere); the timer
+        # that ends its patience (the pool's `_unpin`).
+        self.pin: asyncio.TimerHandle | None = None
 
     @property
     def position(self) -> int:

@@ -103,6 +103,11 @@ class RedisSlotPool:
         return PoolSnapshot(self.name, self.capacity, active, self.queued,
                             self.queue_limit, self.estimator.mean_s, self.sheddable)
 
+    pins = False  # its line is shared: a waiter takes the first slot freed in the group
+
+    def replica_wait(self, replica: str) -> float:
+        return self.forecast(1)
+
     def forecast(self, position: int) -> float:
         if self.clock() - self._forecast_at > FORECAST_TTL_S:
             self._forecasts.clear()
@@ -172,7 +177,7 @@ class RedisSlotPool:
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
                       max_tokens: int | None = None,
-                      share: Share | None = None) -> RedisTicket | None:
+                      share: Share | None = None, hold_s: float = 0.0) -> RedisTicket | None:
         ticket_id = _new_id()
         args: list[str | int | float] = [self.queue_limit, ticket_id, self.ttl_ms,
                                          self.channel, priority.rank]

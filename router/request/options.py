@@ -49,7 +49,7 @@ def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionK
             lacking: Lack | None) -> Option:
     pool = backend.pool
     snap = pool.snapshot()
-    if snap.free > 0 and snap.queued == 0:
+    if snap.open:
         wait_s = 0.0
     elif snap.room_for(ex.priority) > 0:
         wait_s = pool.forecast(snap.queued + 1)
