@@ -67,7 +67,7 @@ async def line_joins(redis_url: str, key: str = WAITERS_KEY,
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
         await client.aclose()
 
 

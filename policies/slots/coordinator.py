@@ -173,7 +173,7 @@ class RedisCoordinator:
                 log.exception("redis wake-up listener failed; resubscribing")
             finally:
                 with contextlib.suppress(RedisError, OSError, RuntimeError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
             await asyncio.sleep(backoff)  # a reconnect backoff
             backoff = min(2.0, backoff * 2)
 
