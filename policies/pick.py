@@ -82,8 +82,8 @@ class Hold:
     eta_s: float
 
 
-def hold_out(replicas: Sequence[Replica], tokens: int, prefix: Match, saving_s: float,
-             holder_wait_s: Callable[[], float], other_wait_s: float,
+def hold_out(replicas: Sequence[Replica], tokens: int, prefix: Match, warm_tokens: int,
+             saving_s: float, holder_wait_s: Callable[[], float], other_wait_s: float,
              epsilon: float = EPSILON) -> Hold | None:
     """Should a request wait for the busy replica holding its prefix rather than run
     elsewhere? Yes when its expected time to first token there (the wait for a slot on
@@ -91,14 +91,15 @@ def hold_out(replicas: Sequence[Replica], tokens: int, prefix: Match, saving_s: 
     slot on another replica (`other_wait_s`: 0 when one is free) and the prefill of the
     blocks that replica lacks (`saving_s`: the warm tokens' prefill time). It waits at
     most that long: past it, a cold start elsewhere is no longer later. A holder that
-    is unhealthy, free (the pick takes it), or whose load with the request would pass
-    the bound (`bound`) is not waited for."""
+    is unhealthy, free (the pick takes it), or whose load with the request (less its
+    `warm_tokens`, not prefilled there) would pass the bound (`bound`) is not waited
+    for."""
     if not prefix.blocks or prefix.replica is None or saving_s <= 0:
         return None
     holder = next((r for r in replicas if r.name == prefix.replica), None)
     if holder is None or not holder.healthy or holder.free:
         return None
-    if holder.load_tokens + tokens > bound(replicas, tokens, epsilon):
+    if holder.load_tokens + tokens - min(warm_tokens, tokens) > bound(replicas, tokens, epsilon):
         return None
     patience_s = other_wait_s + saving_s
     wait_s = holder_wait_s()

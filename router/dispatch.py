@@ -19,7 +19,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
-from policies import fallback
 from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
 from policies.breaker import Blame
@@ -30,11 +29,13 @@ from policies.config import (
     RouteFallbackConfig,
 )
 from policies.failures import FailureKind
+from policies.scheduler import pipeline
 from policies.slots import Lease, PoolUnavailable
 from router.apis.anthropic import ANTHROPIC
 from router.apis.dialect import OPENAI, Dialect
 from router.apis.responses import dialect_for
 from router.attempt import forward_on, forward_while_held
+from router.candidates import Candidates, Facts
 from router.exchange import Exchange
 from router.gateway import GATEWAY
 from router.openai_api import (
@@ -55,7 +56,7 @@ from router.request.usage import CLIENT_CLOSED
 from router.upstream.failures import UpstreamFailure
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
 from router.upstream.proxy import ClientGone
-from router.waiting import admit, admit_to
+from router.waiting import admit, carry_out
 
 log = logging.getLogger("slotgate.access")
 errors = logging.getLogger("slotgate.error")
@@ -232,34 +233,19 @@ def fitted(route: RouteConfig, endpoint: Endpoint, served: frozenset[Api],
 _NEVER = RouteFallbackConfig(when=FallbackWhen.NEVER)
 
 
-def unavailable(ex: Exchange, name: str, chain: list[str]) -> ApiError:
-    """The refusal when `name` and the rest of its route are out of service."""
-    return ex.rejection(RejectReason.BACKEND_UNAVAILABLE, ex.gw.health.retry_in_s(chain), name,
-                        f"Backend '{name}' is unavailable and so are its route's fallbacks; "
-                        "retry later.")
-
-
 async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
-    """Admit on the route's first backend that takes work, serve, and retry a failure
-    before the first byte on the next one (`policies.fallback` decides which)."""
-    health = ex.gw.health
+    """Admit where the scheduler says, serve, and retry a failure before the first byte
+    where it says next (a sibling replica, or the route's next backend)."""
+    gw = ex.gw
     chain = [route.primary, *route.fallbacks]
     able = ex.able(parsed, route.primary)  # never a backend that cannot serve the request
+    gone: list[str] = []  # backends whose breaker opened while it queued there
     while True:
-        plan = fallback.lead(route, chain, health.standing(chain), able)
-        if isinstance(plan, fallback.Unavailable):
-            raise unavailable(ex, plan.backend, chain)
-        if plan.takes_probe:
-            health.take_probe(plan.route.primary)
-        route = plan.route
         try:
-            lease = await admit(ex, parsed, route)
+            lease = await admit(ex, route, able, gone)
             break
-        except BackendOpened as opened:  # its breaker opened while we queued: on to
-            rest = fallback.without(route, opened.args[0], able)  # the rest of the route
-            if rest is None:
-                raise unavailable(ex, opened.args[0], chain) from None
-            route = rest
+        except BackendOpened as opened:  # on to the rest of the route
+            gone.append(opened.args[0])
     while True:
         try:
             return await serve(ex, parsed, lease)
@@ -269,21 +255,30 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             if not retryable(failure) or ex.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                 raise
             ex.failed_on.append(lease.replica)
-            retry = fallback.retry_on(chain, lease.pool, health.standing(chain),
-                                      health.retrying, ex.gw.running,
-                                      sibling=_sibling(ex, lease), able=able)
-            if retry is None:
+            decision = pipeline.retry(Facts(ex, able), Candidates(ex), chain, lease.pool,
+                                      gw.health.retrying, gw.running,
+                                      sibling=_sibling(ex, lease))
+            if decision is None:
                 raise
-            if retry.takes_probe:
-                health.take_probe(retry.backend)
-        health.retrying += 1
+        gw.health.retrying += 1
         try:
-            ex.rec.reason = f"retry:{lease.pool}"
-            lease = await admit_to(ex, parsed, retry.backend)
-        except BackendOpened:
-            raise unavailable(ex, retry.backend, chain) from None
+            retried = await carry_out(ex, decision)
+        except BackendOpened as opened:
+            raise ex.rejection(RejectReason.BACKEND_UNAVAILABLE,
+                               gw.health.retry_in_s(chain), opened.args[0],
+                               unavailable(opened.args[0])) from None
         finally:
-            health.retrying -= 1
+            gw.health.retrying -= 1
+        if retried is None:
+            raise ex.rejection(RejectReason.QUEUE_FULL,
+                               ex.retry_after([gw.backends[ex.rec.backend or ""].pool]),
+                               ex.rec.backend)
+        lease = retried
+
+
+def unavailable(name: str) -> str:
+    return (f"Backend '{name}' is unavailable and so are its route's fallbacks; "
+            "retry later.")
 
 
 def _sibling(ex: Exchange, lease: Lease) -> bool:

@@ -22,7 +22,7 @@ from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
 from router.gateway import Gateway
 from router.openai_api import ApiError, ParsedRequest
-from router.placement import Placement, placement, preference
+from router.placement import UNGROUPED, Placement, Preference, placement, preference
 from router.record import Phase, RequestRecord
 from router.request.body import BodyHold
 from router.sse import SSE_HEADERS
@@ -36,8 +36,8 @@ class Exchange:
     """One request's state, from its head to its record."""
 
     __slots__ = ("_needs", "_prompt", "big", "config", "dialect", "facts", "failed",
-                 "failed_on", "gw", "hold", "hold_s", "parsed", "place", "priority", "quota", "rec",
-                 "request", "response", "trace", "want", "weight")
+                 "failed_on", "gw", "hold", "parsed", "place", "priority", "quota", "rec",
+                 "request", "response", "trace", "weight")
 
     def __init__(self, request: web.Request, gw: Gateway, rec: RequestRecord,
                  config: Config, dialect: Dialect = OPENAI) -> None:
@@ -51,8 +51,6 @@ class Exchange:
         self.parsed: ParsedRequest | None = None
         self.place: Placement | None = None  # for a group's pick, made at most once
         self.failed_on: list[str] = []  # replicas it failed on before its first byte
-        self.want: str | None = None  # the replica holding its prefix, should it wait
-        self.hold_s = 0.0  # how long it waits for `want` alone (the pick's `Hold`)
         self.priority = Priority.STANDARD
         self.weight = 1.0  # its tenant's share of a `fair` line (its key's weight)
         self.hold = BodyHold(gw.bodies, config.server.max_inflight_body_bytes,
@@ -117,20 +115,18 @@ class Exchange:
             out["x-slotgate-dropped-tools"] = rec.dropped_tools
         return out
 
-    def prefer(self, backend: Backend, parsed: ParsedRequest) -> tuple[str, ...]:
-        """The replica of `backend`'s group to try first (empty: any, or a group of one)."""
+    def prefer(self, backend: Backend, parsed: ParsedRequest) -> Preference:
+        """The pick of `backend`'s group for it (a group of one: none)."""
         if not backend.grouped:
-            self.rec.pick = self.rec.prefix_blocks = self.want = None  # (a retry may come
-            self.hold_s = 0.0  # from a group)
-            return ()
+            self.rec.pick = self.rec.prefix_blocks = None  # (a retry may come from a group)
+            return UNGROUPED
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
             self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block,
                                    self.prompt_tokens(parsed))
         pick = preference(backend, self.place, self.failed_on)
-        self.rec.pick, self.rec.prefix_blocks, self.want = pick.reason, pick.known, pick.holder
-        self.hold_s = 0.0 if pick.hold is None else pick.hold.patience_s
-        return pick.first
+        self.rec.pick, self.rec.prefix_blocks = pick.reason, pick.known
+        return pick
 
     def retry_after(self, pools: Iterable[SlotPool]) -> float:
         """When a request refused by `pools` (its queue full, its wait over) is worth

@@ -54,12 +54,20 @@ class Preference(NamedTuple):
     holder: str | None  # the replica that holds them, which a waiter would rather have
     hold: pick.Hold | None = None  # wait for the holder (busy) rather than run elsewhere
 
+    @property
+    def hold_s(self) -> float:
+        """How long to wait for the holder alone (0: no wait for it)."""
+        return 0.0 if self.hold is None else self.hold.patience_s
+
+
+UNGROUPED = Preference((), None, None, None)  # a group of one: nothing to pick
+
 
 def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()) -> Preference:
     """The pick of `backend`'s group for `place`. Replicas in `avoid` (the request failed
     there) are picked only when nothing else is free."""
     if not backend.grouped:
-        return Preference((), None, None, None)
+        return UNGROUPED
     replicas, readings = backend.replicas, backend.readings
     stale_s, now = backend.config.signals.stale_after_s, time.monotonic()
     snapshot = [pick.Replica(s.name, s.slots, s.active,
@@ -99,7 +107,7 @@ def _hold(backend: Backend, place: Placement, snapshot: Sequence[pick.Replica],
         line = pool.snapshot()
         other_s = pool.forecast(max(1, line.queued - line.pinned + 1))
     warm = min(match.blocks * place.block_bytes // BYTES_PER_TOKEN, place.tokens)
-    return pick.hold_out(snapshot, place.tokens, match,
+    return pick.hold_out(snapshot, place.tokens, match, warm,
                          warm * backend.answers.prefill_s_per_token,
                          lambda: pool.replica_wait(holder), other_s,
                          backend.config.affinity.load_bound)

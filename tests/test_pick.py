@@ -17,6 +17,7 @@ from policies.pick import (
     PickReason,
     Replica,
     bound,
+    hold_out,
     pick,
     rendezvous,
     session_key,
@@ -221,3 +222,39 @@ def test_whatever_the_snapshot_the_choice_is_free_healthy_and_within_the_bound(
             session, [other.name for other in free])
     assert pick(group, tokens, mode=mode, prefix=Match(held, blocks), session=session,
                 epsilon=epsilon, cursor=cursor, warm_tokens=warm) == chosen  # deterministic
+
+
+# hold_out: wait for the busy replica that holds the prefix, or run elsewhere now.
+HELD = Match("a", 10)
+
+
+@pytest.mark.parametrize(("replicas", "prefix", "saving", "holder_wait", "other", "held"), [
+    # its slot comes before a cold prefill elsewhere would end: it waits, patience = saving
+    ([busy("a", 100), r("b", 100)], HELD, 1.0, 0.2, 0.0, ("a", 1.0, 0.2)),
+    # later than the cold prefill elsewhere: it runs elsewhere
+    ([busy("a", 100), r("b", 100)], HELD, 1.0, 1.5, 0.0, None),
+    # nothing free anywhere: the patience adds the group's next slot
+    ([busy("a", 100), busy("b", 100)], HELD, 1.0, 1.2, 0.5, ("a", 1.5, 1.2)),
+    # the holder free (the pick takes it), sick, or unknown: no wait
+    ([r("a", 100), r("b", 100)], HELD, 1.0, 0.0, 0.0, None),
+    ([r("a", 100, active=2, healthy=False), r("b", 100)], HELD, 1.0, 0.1, 0.0, None),
+    ([busy("a", 100), r("b", 100)], NO_MATCH, 1.0, 0.1, 0.0, None),
+    # nothing to save: no wait
+    ([busy("a", 100), r("b", 100)], HELD, 0.0, 0.1, 0.0, None),
+    # the holder over the bound with the request: no wait, however soon its slot
+    ([busy("a", 10_000), r("b", 0), r("c", 0)], HELD, 1.0, 0.01, 0.0, None),
+])
+def test_a_request_waits_for_its_prefix_only_when_that_is_sooner(
+    replicas: list[Replica], prefix: Match, saving: float, holder_wait: float, other: float,
+    held: tuple[str, float, float] | None,
+) -> None:
+    hold = hold_out(replicas, 100, prefix, 50, saving, lambda: holder_wait, other)
+    assert (None if hold is None else (hold.replica, hold.patience_s, hold.eta_s)) == held
+
+
+def test_the_holders_wait_is_not_forecast_when_it_cannot_be_waited_for() -> None:
+    def never() -> float:
+        raise AssertionError("forecast asked")
+
+    assert hold_out([r("a"), r("b")], 100, HELD, 50, 1.0, never, 0.0) is None
+    assert hold_out([busy("a"), r("b")], 100, NO_MATCH, 50, 1.0, never, 0.0) is None

@@ -1,0 +1,107 @@
+"""The scheduler's view of the live gateway for one decision (`pipeline.View`), and the
+request's facts as its stages ask for them (`pipeline.Request`).
+
+Each pool is read once per decision (its snapshot kept for the stages after the first
+that asks); forecasts, the objective's options, the steering candidates and a group's
+replica pick are worked out only when a stage asks. A re-decision makes a new view.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from classifier.text import request_text
+from policies.brevity import lean_simple
+from policies.config import Priority, RouteConfig, RouteFallbackConfig
+from policies.fallback import Candidate, RequestFacts, Standing
+from policies.objective import Option, qualifies
+from policies.slots import PoolSnapshot
+from router.exchange import Capable, Exchange
+from router.placement import Preference
+from router.request.options import options
+
+
+class Candidates:
+    """The backends of one request's route, as one decision sees them."""
+
+    __slots__ = ("_pools", "ex")
+
+    def __init__(self, ex: Exchange) -> None:
+        self.ex = ex
+        self._pools: dict[str, PoolSnapshot] = {}
+
+    def standing(self, chain: Sequence[str]) -> Mapping[str, Standing]:
+        return self.ex.gw.health.standing(chain)
+
+    def recovery_s(self, chain: Sequence[str]) -> float:
+        return self.ex.gw.health.retry_in_s(list(chain))
+
+    def pool(self, name: str) -> PoolSnapshot:
+        snapshot = self._pools.get(name)
+        if snapshot is None:
+            snapshot = self._pools[name] = self.ex.gw.backends[name].pool.snapshot()
+        return snapshot
+
+    def forecast(self, name: str, position: int) -> float:
+        return self.ex.gw.backends[name].pool.forecast(position)
+
+    def candidates(self, names: Sequence[str]) -> list[Candidate]:
+        configs = self.ex.config.backends
+        return [Candidate(self.pool(name), configs[name].context_window,
+                          frozenset(configs[name].capabilities), configs[name].served_apis)
+                for name in names]
+
+    def options(self, route: RouteConfig) -> list[Option]:
+        assert self.ex.parsed is not None
+        return options(self.ex, self.ex.parsed, route)
+
+    def place(self, name: str) -> Preference:
+        assert self.ex.parsed is not None
+        return self.ex.prefer(self.ex.gw.backends[name], self.ex.parsed)
+
+
+class Facts:
+    """One request's facts for the scheduler (`pipeline.Request`): its class, the
+    backends able to serve it, its objective and, asked for, the classifier's verdict."""
+
+    __slots__ = ("able", "ex")
+
+    def __init__(self, ex: Exchange, able: Capable) -> None:
+        self.ex, self.able = ex, able
+
+    @property
+    def priority(self) -> Priority:
+        return self.ex.priority
+
+    @property
+    def objective_s(self) -> float | None:
+        objective_ms = self.ex.rec.slo_ttft_ms
+        return None if objective_ms is None else objective_ms / 1000
+
+    def classified(self, rule: RouteFallbackConfig) -> RequestFacts:
+        """Its intent and how likely it is simple (classified once, by `rule`'s intents)."""
+        ex = self.ex
+        if ex.facts is None:
+            ex.facts = _classify(ex, rule)
+        return ex.facts
+
+
+def _classify(ex: Exchange, rule: RouteFallbackConfig) -> RequestFacts:
+    gw, rec, parsed = ex.gw, ex.rec, ex.parsed
+    assert gw.classifier is not None, "steering routes load the classifier at startup"
+    assert parsed is not None
+    began = time.perf_counter()
+    text = request_text(parsed.body)
+    prediction = gw.classifier.predict(text)
+    gw.metrics.classifier.observe(time.perf_counter() - began)
+    p_simple = lean_simple(prediction.p_simple(rule.intents), prediction.intent, rule.intents,
+                           parsed.max_tokens, text)  # brevity leans simple
+    facts = RequestFacts(prediction.intent, p_simple, ex.prompt_tokens(parsed),
+                         parsed.max_tokens, ex.needs(parsed).capabilities, parsed.endpoint.api)
+    rec.intent, rec.p_simple = facts.intent, round(facts.p_simple, 4)
+    if ex.trace is not None:
+        ex.trace.classified(began, facts.intent, facts.p_simple,
+                            qualifies(facts.intent, facts.p_simple, rule))
+    return facts
+
