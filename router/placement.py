@@ -115,14 +115,21 @@ def _hold(backend: Backend, place: Placement, snapshot: Sequence[pick.Replica],
 
 def placed(backend: Backend, lease: Lease, place: Placement | None) -> int:
     """The request runs on `lease.replica`: count its work there and remember its prefix;
-    returns the tokens to give back when it ends (`unplaced`)."""
+    returns the tokens to give back when it ends (`unplaced`). Its work is what the engine
+    must do: the prompt tokens it does not hold (the known prefix there is not prefilled
+    again, as the pick counts it) and the answer."""
     replica = backend.replicas.get(lease.replica)
     if replica is None or place is None:
         return 0
-    replica.load_tokens += place.tokens
-    if backend.affinity is not None and place.hashes:
-        backend.affinity.record(place.hashes, lease.replica)
-    return place.tokens
+    work = place.tokens
+    table = backend.affinity
+    if table is not None and place.hashes:
+        match = table.match(place.hashes)
+        if match.replica == lease.replica:
+            work -= min(match.blocks * place.block_bytes // BYTES_PER_TOKEN, work)
+        table.record(place.hashes, lease.replica)
+    replica.load_tokens += work
+    return work
 
 
 def unplaced(backend: Backend, lease: Lease, tokens: int) -> None:

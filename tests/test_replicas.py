@@ -135,6 +135,34 @@ async def test_the_bound_moves_a_conversation_off_a_hot_replica(
     await assert_idle(gw)
 
 
+async def test_a_replica_counts_only_the_work_its_cache_does_not_spare(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    gw = await start(group(4, 4))
+    client = sdk(gw)
+    messages: Any = [{"role": "system", "content": "You are a careful assistant. " * 150},
+                     {"role": "user", "content": "a question"}]
+    backend = gw.gateway.backends["big"]
+    for sim in (engine(gw, "big", name) for name in backend.replicas):
+        sim.hold()
+    home, calls, loads = engine(gw, "big", "big-0"), [], [0]  # ties go to the first name
+    for count, rid in enumerate(("cold", "warm"), start=1):
+        calls.append(asyncio.create_task(client.chat.completions.create(
+            model="chat", messages=messages, max_tokens=1, extra_headers={"X-Request-Id": rid})))
+        await home.wait_until(lambda sim, count=count: sim.held == count)  # type: ignore[misc]
+        loads.append(sum(r.load_tokens for r in backend.replicas.values()))
+    for name in backend.replicas:
+        engine(gw, "big", name).release()
+    await asyncio.gather(*calls)
+    records = {r.request_id: r for r in gw.gateway.recent}
+    cold, warm = loads[1], loads[2] - loads[1]
+    known = records["warm"].prefix_blocks or 0
+    assert known > 0 and records["warm"].replica == records["cold"].replica == "big-0"
+    assert warm == cold - known * 256 // 4  # its known blocks are not prefilled again
+    assert sum(r.load_tokens for r in backend.replicas.values()) == 0
+    await assert_idle(gw)
+
+
 async def test_round_robin_takes_turns(sdk: SdkClients, start: StartGateway) -> None:
     gw = await start(group(1, 1, 1, pick="round_robin"))
     where = []
