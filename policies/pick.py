@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.prefix import NO_MATCH, Match
@@ -145,26 +145,32 @@ def bound(replicas: Sequence[Replica], tokens: int, epsilon: float) -> float:
     return (1 + epsilon) * (sum(healthy) + tokens) / max(len(healthy), 1)
 
 
-def _lightest(free: Sequence[Replica], tokens: int, cap: float) -> Replica:
-    """The replica of `free` within `cap` with the least load weighed by its KV pressure;
-    then the least pressure, the lowest name. The least loaded free replica is always
-    within `cap`: never empty."""
+def _lightest(free: Sequence[Replica], tokens: int, cap: float,
+              warm: Callable[[Replica | None], int] = lambda replica: 0) -> Replica:
+    """The replica of `free` within `cap` with the least load, the request's work there
+    included (less what it holds of the prompt), weighed by its KV pressure; then the
+    least pressure, the lowest name. The least loaded free replica is always within
+    `cap`: never empty."""
     return min((r for r in free if r.load_tokens + tokens <= cap),
-               key=lambda r: ((r.load_tokens + tokens) * (1 + r.penalty), r.penalty, r.name))
+               key=lambda r: ((r.load_tokens + tokens - min(warm(r), tokens)) * (1 + r.penalty),
+                              r.penalty, r.name))
 
 
 def pick(replicas: Sequence[Replica], tokens: int, *, mode: PickMode = PickMode.AFFINITY,
          prefix: Match = NO_MATCH, session: str | None = None, epsilon: float = EPSILON,
-         cursor: int = 0, warm_tokens: int = 0) -> Pick | None:
+         cursor: int = 0, warm_tokens: int = 0,
+         held: Mapping[str, int] | None = None) -> Pick | None:
     """The replica to run a request of `tokens` (prompt plus expected output) on, among
     `replicas` that are healthy with a free slot; None when there is none (it waits).
 
     `prefix`: the table's longest match for the request's prompt, `warm_tokens` the prompt
-    tokens that match covers: on the replica holding them they are not prefilled again, so
-    the request adds only the rest to its load there. `session`: its session key.
-    `cursor`: round robin's position (the previous pick's `cursor`, or any counter). A
-    replica affinity or the turn would choose gives way to the least loaded one within the
-    bound (reason BOUND) when it is over the bound and another is not.
+    tokens that match covers; `held`: the blocks of that prefix each replica holds (the
+    table's `held`; None: only `prefix.replica`, all of them). Affinity prefers the free
+    replica holding the most; there its blocks are not prefilled again, so the request
+    adds only the rest to its load. `session`: its session key. `cursor`: round robin's
+    position (the previous pick's `cursor`, or any counter). A replica affinity or the
+    turn would choose gives way to the lightest within the bound (reason BOUND), the
+    warmest first, when it is over the bound and another is not.
     """
     free = [r for r in replicas if r.healthy and r.active < r.slots]
     if not free:
@@ -172,21 +178,33 @@ def pick(replicas: Sequence[Replica], tokens: int, *, mode: PickMode = PickMode.
     # Never below the least loaded free replica: when all are over the bound, the
     # preferred one may stay if no other is lighter.
     cap = max(bound(replicas, tokens, epsilon), min(r.load_tokens for r in free) + tokens)
-    preferred, reason = _preferred(replicas, free, mode, prefix, session, cursor)
-    adds = tokens - min(warm_tokens, tokens) if reason is PickReason.PREFIX else tokens
+    warm = _warmth(prefix, warm_tokens, held)
+    preferred, reason = _preferred(replicas, free, mode, prefix, session, cursor, warm)
+    adds = tokens - min(warm(preferred), tokens) if reason is PickReason.PREFIX else tokens
     if preferred is None:
-        chosen = _lightest(free, tokens, cap)
+        chosen = _lightest(free, tokens, cap, warm)
     elif preferred.load_tokens + adds <= cap:
         chosen = preferred
     else:
-        chosen, reason = _lightest(free, tokens, cap), PickReason.BOUND
+        chosen, reason = _lightest(free, tokens, cap, warm), PickReason.BOUND
     position = next(i for i, replica in enumerate(replicas) if replica is chosen)
     return Pick(chosen.name, reason, position + 1)
 
 
+def _warmth(prefix: Match, warm_tokens: int,
+            held: Mapping[str, int] | None) -> Callable[[Replica | None], int]:
+    """The prompt tokens a replica holds: `warm_tokens` for the whole known prefix, its
+    share for fewer blocks."""
+    if not prefix.blocks or prefix.replica is None:
+        return lambda replica: 0
+    blocks = held if held is not None else {prefix.replica: prefix.blocks}
+    return lambda replica: (0 if replica is None else
+                            warm_tokens * blocks.get(replica.name, 0) // prefix.blocks)
+
+
 def _preferred(replicas: Sequence[Replica], free: Sequence[Replica], mode: PickMode,
-               prefix: Match, session: str | None,
-               cursor: int) -> tuple[Replica | None, PickReason]:
+               prefix: Match, session: str | None, cursor: int,
+               warm: Callable[[Replica | None], int]) -> tuple[Replica | None, PickReason]:
     """The replica the mode names before load is weighed, and why (None: no preference)."""
     if mode is PickMode.ROUND_ROBIN:
         start = cursor % len(replicas)
@@ -195,9 +213,10 @@ def _preferred(replicas: Sequence[Replica], free: Sequence[Replica], mode: PickM
     if mode is PickMode.LEAST_LOADED:
         return None, PickReason.LEAST_LOADED
     if prefix.blocks and prefix.replica is not None:
-        held = next((r for r in free if r.name == prefix.replica), None)
-        if held is not None:
-            return held, PickReason.PREFIX
+        warmest = min(free, key=lambda r: (-warm(r), r.name != prefix.replica,
+                                           r.load_tokens, r.name))
+        if warmest.name == prefix.replica or warm(warmest) > 0:
+            return warmest, PickReason.PREFIX
     if session is not None:
         name = rendezvous(session, [r.name for r in free])
         return next(r for r in free if r.name == name), PickReason.SESSION

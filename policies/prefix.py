@@ -113,42 +113,74 @@ class Match(NamedTuple):
 NO_MATCH = Match(None, 0)
 
 
+MAX_OWNERS = 16  # replicas remembered per block (a group's replicas, as a rule, all fit)
+
+
 class AffinityTable:
-    """Block hash -> the replica that last served it, at most `table_size` entries, the
-    least recently recorded evicted first.
+    """Block hash -> the replicas that served it, most recent last, at most `table_size`
+    blocks, the least recently recorded evicted first.
 
     `record` touches a prompt's blocks from its last to its first, so a prefix is always
     at least as recent as any longer prefix of the same prompt: eviction takes the longer
-    ones first and the blocks known of a prompt are always a prefix of its blocks. `match`
-    relies on that to binary-search for the longest.
+    ones first and the blocks known of a prompt are always a prefix of its blocks; a
+    replica that served a block served each block before it. `match` and `held` rely on
+    that to binary-search for the longest.
     """
 
     def __init__(self, table_size: int) -> None:
         if table_size < 1:
             raise ValueError("table_size must be at least 1")
         self.table_size = table_size
-        self._owner: OrderedDict[int, str] = OrderedDict()
+        self._owners: OrderedDict[int, list[str]] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._owner)
+        return len(self._owners)
 
-    def match(self, hashes: Sequence[int]) -> Match:
-        """The replica holding the longest prefix of `hashes` known, and its length."""
-        owner = self._owner
+    def _known(self, hashes: Sequence[int], replica: str | None = None) -> int:
+        """How many leading blocks of `hashes` are known (to have been served by
+        `replica`; None: by any)."""
+        owners = self._owners
         low, high = 0, len(hashes)  # hashes[:low] known; hashes[high:] not
         while low < high:
             middle = (low + high + 1) // 2
-            if hashes[middle - 1] in owner:
+            found = owners.get(hashes[middle - 1])
+            if found is not None and (replica is None or replica in found):
                 low = middle
             else:
                 high = middle - 1
-        return Match(owner[hashes[low - 1]], low) if low else NO_MATCH
+        return low
+
+    def match(self, hashes: Sequence[int]) -> Match:
+        """The replica that last served the longest prefix of `hashes` known, and its
+        length."""
+        low = self._known(hashes)
+        return Match(self._owners[hashes[low - 1]][-1], low) if low else NO_MATCH
+
+    def held(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Each replica known to hold a prefix of `hashes`, with that prefix's length in
+        blocks (its engine's cache may hold it: it served it)."""
+        longest = self._known(hashes)
+        if not longest:
+            return {}
+        out = dict.fromkeys(self._owners[hashes[longest - 1]], longest)
+        for replica in self._owners[hashes[0]]:
+            if replica not in out:
+                out[replica] = self._known(hashes[:longest - 1], replica)
+        return out
 
     def record(self, hashes: Sequence[int], replica: str) -> None:
         """`replica` now serves the prompt of `hashes`: it holds each of its prefixes."""
-        owner = self._owner
+        owners = self._owners
         for block in reversed(hashes):
-            owner[block] = replica
-            owner.move_to_end(block)
-        while len(owner) > self.table_size:
-            owner.popitem(last=False)
+            found = owners.get(block)
+            if found is None:
+                owners[block] = [replica]
+            else:
+                if replica in found:
+                    found.remove(replica)
+                elif len(found) >= MAX_OWNERS:
+                    del found[0]
+                found.append(replica)
+                owners.move_to_end(block)
+        while len(owners) > self.table_size:
+            owners.popitem(last=False)

@@ -10,7 +10,7 @@ group's), and its prompt's blocks are recorded there all the same.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -79,14 +79,16 @@ def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()) ->
     table = backend.affinity
     config = backend.config
     match = table.match(place.hashes) if table is not None else NO_MATCH
+    held = table.held(place.hashes) if match.blocks and table is not None else {}
     choice = pick.pick(snapshot, place.tokens, mode=config.pick, prefix=match,
                        session=place.session, epsilon=config.affinity.load_bound,
                        cursor=backend.cursor,
-                       warm_tokens=match.blocks * place.block_bytes // BYTES_PER_TOKEN)
+                       warm_tokens=match.blocks * place.block_bytes // BYTES_PER_TOKEN,
+                       held=held)
     known = match.blocks if table is not None else None
     if match.replica is not None and backend.pool.pins and (
-            choice is None or choice.reason is not pick.PickReason.PREFIX):
-        hold = _hold(backend, place, snapshot, match, free=choice is not None)
+            choice is None or choice.replica != match.replica):
+        hold = _hold(backend, place, snapshot, match, held, choice)
         if hold is not None:
             return Preference((), pick.PickReason.HOLD.value, known, hold.replica, hold)
     if choice is None:
@@ -96,19 +98,24 @@ def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()) ->
 
 
 def _hold(backend: Backend, place: Placement, snapshot: Sequence[pick.Replica],
-          match: Match, free: bool) -> pick.Hold | None:
-    """Would the request rather wait for the busy replica holding its prefix
-    (`pick.hold_out`)? `free`: another replica has a free slot now."""
+          match: Match, held: Mapping[str, int], choice: pick.Pick | None) -> pick.Hold | None:
+    """Would the request rather wait for the busy replica holding its longest prefix
+    (`pick.hold_out`)? What waiting saves is the prefill of the blocks it holds beyond
+    those of the replica the request would run on now (`choice`), or, with none free,
+    of the warmest other."""
     pool, holder = backend.pool, match.replica
     assert holder is not None
-    if free:
-        other_s = 0.0
+    if choice is not None:
+        other_s, other = 0.0, held.get(choice.replica, 0)
     else:  # the group's next slot for a newcomer behind the waiters that take any
         line = pool.snapshot()
         other_s = pool.forecast(max(1, line.queued - line.pinned + 1))
-    warm = min(match.blocks * place.block_bytes // BYTES_PER_TOKEN, place.tokens)
+        other = max((blocks for name, blocks in held.items() if name != holder), default=0)
+    tokens_per_block = place.block_bytes // BYTES_PER_TOKEN
+    warm = min(match.blocks * tokens_per_block, place.tokens)
+    saved = min((match.blocks - other) * tokens_per_block, warm)
     return pick.hold_out(snapshot, place.tokens, match, warm,
-                         warm * backend.answers.prefill_s_per_token,
+                         saved * backend.answers.prefill_s_per_token,
                          lambda: pool.replica_wait(holder), other_s,
                          backend.config.affinity.load_bound)
 

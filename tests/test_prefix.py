@@ -126,6 +126,18 @@ def test_match_returns_the_longest_known_prefix_and_its_replica() -> None:
     assert table.match(chain(2, 3)) == NO_MATCH
 
 
+def test_held_names_every_replica_that_served_a_prefix_with_its_length() -> None:
+    table = AffinityTable(100)
+    system, long = chain(1, 3), [*chain(1, 3), *chain(2, 4)]
+    assert table.held(long) == {}
+    table.record(system, "a")
+    table.record(long, "b")
+    table.record(system, "c")
+    assert table.held(long) == {"a": 3, "b": 7, "c": 3}
+    assert table.match(long) == Match("b", 7)
+    assert table.match(system) == Match("c", 3)  # the latest to serve it
+
+
 def test_the_table_is_bounded_least_recently_recorded_out() -> None:
     table = AffinityTable(4)
     one, two, three = chain(1, 2), chain(2, 2), chain(3, 2)
@@ -156,7 +168,7 @@ def test_match_agrees_with_a_linear_scan_after_any_records() -> None:
     trunks = [chain(seed, 8) for seed in range(6)]
     for _ in range(200):
         size = rng.randint(1, 30)
-        table, model = AffinityTable(size), OrderedDict[int, str]()
+        table, model = AffinityTable(size), OrderedDict[int, list[str]]()
         for _ in range(50):
             trunk = rng.choice(trunks)
             hashes = trunk[:rng.randint(0, 8)] + chain(rng.randrange(3), rng.randint(0, 3))
@@ -165,10 +177,14 @@ def test_match_agrees_with_a_linear_scan_after_any_records() -> None:
                 replica = rng.choice("abc")
                 table.record(hashes, replica)
                 for block in reversed(hashes):
-                    model[block] = replica
+                    model[block] = [*(r for r in model.get(block, []) if r != replica), replica]
                     model.move_to_end(block)
                 while len(model) > size:
                     model.popitem(last=False)
             longest = next((i for i in range(len(hashes), 0, -1) if hashes[i - 1] in model), 0)
-            expected = Match(model[hashes[longest - 1]], longest) if longest else NO_MATCH
+            expected = Match(model[hashes[longest - 1]][-1], longest) if longest else NO_MATCH
             assert table.match(hashes) == expected
+            held = {replica: next(i for i in range(len(hashes), 0, -1)
+                                  if replica in model.get(hashes[i - 1], []))
+                    for replica in "abc" if any(replica in model.get(h, []) for h in hashes)}
+            assert table.held(hashes) == held
