@@ -24,7 +24,7 @@ the replica of the turn before, requests that waited in an engine's own line and
 router's, and max/mean requests per replica; then the pick's cost (bench/pick_cost.py).
 
     .venv/bin/python bench/replicas.py [--policies least_loaded affinity sglang]
-        [--tenants 8 2] [--loads 0.8 1.2] [--seeds 3] [--sessions 72] [--quick] [--out F]
+        [--tenants 8 2] [--loads 0.8 1.2] [--seeds 6] [--sessions 72] [--quick] [--out F]
 """
 
 from __future__ import annotations
@@ -424,7 +424,7 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, nargs="+", default=[8, 2],
                         help="tenant counts (system prompts), one cell each")
     parser.add_argument("--loads", type=float, nargs="+", default=[0.8, 1.2])
-    parser.add_argument("--seeds", type=int, default=3, help="how many seeds, from --seed")
+    parser.add_argument("--seeds", type=int, default=6, help="how many seeds, from --seed")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sessions", type=int, help="per run (default 72; --quick 16)")
     parser.add_argument("--quick", action="store_true",
