@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from policies.prefix import NO_MATCH, Match
 
-EPSILON = 0.25  # a replica may run a quarter more than the mean before affinity yields
+EPSILON = 1.0  # a replica may run twice the mean (less what it holds) before affinity yields
 _MASK = (1 << 64) - 1
 
 

@@ -112,7 +112,9 @@ async def test_a_conversation_stays_on_the_replica_that_holds_its_prefix(
 async def test_the_bound_moves_a_conversation_off_a_hot_replica(
     sdk: SdkClients, start: StartGateway
 ) -> None:
-    gw = await start(group(4, 4))
+    config = group(4, 4)
+    config["backends"]["big"]["affinity"] = {"load_bound": 0.25}
+    gw = await start(config)
     client = sdk(gw)
     turns: Any = [{"role": "system", "content": "You are a careful assistant. " * 40},
                   {"role": "user", "content": "first question " * 20}]
