@@ -6,6 +6,10 @@ health, an optional KV-pressure penalty), the request's token estimate, and what
 of where it belongs: the replica holding its longest known prompt prefix
 (`policies.prefix.AffinityTable.match`) and a session key.
 
+Modes: `affinity` (the prefix a replica holds, else the session's replica, else least
+loaded), `least_loaded`, `round_robin`, `power_of_two` (the lighter of two free replicas
+drawn at random: the cursor and the group's load seed the draw, so the pick stays pure).
+
 Bounded loads (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam):
 no mode sends a request to a replica whose load with it would pass (1 + epsilon) x the
 group's mean (over healthy replicas, the request included) while a free replica within
@@ -18,6 +22,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +36,7 @@ class PickMode(enum.StrEnum):
     AFFINITY = "affinity"  # longest prefix, else the session's replica, else least loaded
     LEAST_LOADED = "least_loaded"
     ROUND_ROBIN = "round_robin"
+    POWER_OF_TWO = "power_of_two"  # the lighter of two replicas drawn from the free ones
 
 
 class PickReason(enum.StrEnum):
@@ -40,6 +46,7 @@ class PickReason(enum.StrEnum):
     SESSION = "session"  # the session key's replica (no prefix known, or its replica busy)
     LEAST_LOADED = "least_loaded"
     ROUND_ROBIN = "round_robin"
+    POWER_OF_TWO = "power_of_two"
     BOUND = "bound"  # the replica affinity or the turn named was too hot: least loaded
     HOLD = "hold"  # it waits for the busy replica holding its prefix (sooner than a cold prefill)
 
@@ -212,6 +219,11 @@ def _preferred(replicas: Sequence[Replica], free: Sequence[Replica], mode: PickM
         return turn, PickReason.ROUND_ROBIN
     if mode is PickMode.LEAST_LOADED:
         return None, PickReason.LEAST_LOADED
+    if mode is PickMode.POWER_OF_TWO:  # drawn by the cursor and the group's load: pure
+        seed = hash((cursor, sum(r.load_tokens for r in replicas))) & _MASK
+        two = heapq.nlargest(2, free, key=lambda r: _weight(seed, r.name))
+        return min(two, key=lambda r: (r.load_tokens * (1 + r.penalty), r.name)), \
+            PickReason.POWER_OF_TWO
     if prefix.blocks and prefix.replica is not None:
         warmest = min(free, key=lambda r: (-warm(r), r.name != prefix.replica,
                                            r.load_tokens, r.name))

@@ -25,6 +25,7 @@ from policies.pick import (
 from policies.prefix import NO_MATCH, Match
 
 AFFINITY, LEAST, ROBIN = PickMode.AFFINITY, PickMode.LEAST_LOADED, PickMode.ROUND_ROBIN
+TWO = PickMode.POWER_OF_TWO
 PREFIX, SESSION, LEAST_LOADED, ROUND_ROBIN, BOUND = (
     PickReason.PREFIX, PickReason.SESSION, PickReason.LEAST_LOADED, PickReason.ROUND_ROBIN,
     PickReason.BOUND)
@@ -131,6 +132,10 @@ ABC = [r("a"), r("b"), r("c")]
          ("a", ROUND_ROBIN)),
         # ... and the bound: its turn too hot, the least loaded instead.
         ([r("a", 1000), r("b", 0)], 10, {"mode": ROBIN}, ("b", BOUND)),
+        # Power of two: of two free replicas, both drawn, the lighter; never a busy one.
+        ([r("a", 300), r("b", 100)], 10, {"mode": TWO}, ("b", PickReason.POWER_OF_TWO)),
+        ([r("a", 300), busy("b", 0), down("c", 0)], 10, {"mode": TWO},
+         ("a", PickReason.POWER_OF_TWO)),
     ],
 )
 def test_the_choice(replicas: list[Replica], tokens: int, options: dict[str, object],
@@ -138,6 +143,17 @@ def test_the_choice(replicas: list[Replica], tokens: int, options: dict[str, obj
     options = {"epsilon": TABLE_EPSILON, **options}
     chosen = pick(replicas, tokens, **options)  # type: ignore[arg-type]
     assert (None if chosen is None else (chosen.replica, chosen.reason)) == expected
+
+
+def test_power_of_two_spreads_its_draws_and_never_takes_the_heaviest() -> None:
+    group = [r("a", 0), r("b", 100), r("c", 200), r("d", 300)]
+    chosen: collections.Counter[str] = collections.Counter()
+    for cursor in range(400):
+        got = pick(group, 10, mode=TWO, cursor=cursor, epsilon=9)
+        assert got is not None and got.reason is PickReason.POWER_OF_TWO
+        chosen[got.replica] += 1
+    assert set(chosen) == {"a", "b", "c"}  # d loses every draw it is in
+    assert chosen["a"] > chosen["b"] > chosen["c"]  # a wins all three of its pairs
 
 
 def test_the_cursor_is_the_position_after_the_choice() -> None:

@@ -175,6 +175,25 @@ async def test_round_robin_takes_turns(sdk: SdkClients, start: StartGateway) -> 
     assert where == ["big-0", "big-1", "big-2"] * 2
 
 
+async def test_power_of_two_runs_on_the_lighter_of_two_free_replicas(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    gw = await start(group(1, 1, 1, pick="power_of_two"))
+    engine(gw, "big", "big-0").hold()
+    held = asyncio.create_task(sdk(gw).chat.completions.create(model="chat", messages=MESSAGES))
+    await engine(gw, "big", "big-0").wait_until(lambda sim: sim.held == 1)
+    where = []
+    for _ in range(8):  # big-0 busy: only the other two are drawn, whatever the draw
+        raw = await sdk(gw).chat.completions.with_raw_response.create(model="chat",
+                                                                      messages=MESSAGES)
+        where.append(raw.headers["x-slotgate-endpoint"])
+    assert set(where) <= {"big-1", "big-2"}
+    engine(gw, "big", "big-0").release()
+    await held
+    assert gw.gateway.metrics.picks.values[("big", "power_of_two")] == 9
+    await assert_idle(gw)
+
+
 async def test_a_reload_adds_and_removes_replicas_under_load_failing_nothing(
     sdk: SdkClients, tmp_path: Path
 ) -> None:
