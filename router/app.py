@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, CoordinationMode, Public, RedisDown
-from policies.quotas import Quotas, period_bounds
+from policies.limits.quotas import Quotas, period_bounds
 from router import dispatch
 from router.apis.anthropic import ANTHROPIC
 from router.apis.anthropic_endpoints import count_tokens, model_list

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from policies.config import BackendConfig, FallbackWhen
-from policies.experiments import build_experiments
+from policies.pricing.experiments import build_experiments
 from policies.slots.handover import MoveOffers
 from router.backend import open_backend
 from router.gateway import Gateway

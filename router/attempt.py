@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from policies.admission import RejectReason
-from policies.capabilities import Capability
+from policies.clock.forecast import Progress
 from policies.config import SystemMessages
-from policies.forecast import Progress
+from policies.scheduler.admission import RejectReason
+from policies.scheduler.capabilities import Capability
 from policies.slots import Lease
 from router.exchange import Exchange
 from router.openai_api import ParsedRequest

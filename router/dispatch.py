@@ -19,17 +19,17 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
-from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
-from policies.breaker import Blame
 from policies.config import (
     Config,
     FallbackWhen,
     RouteConfig,
     RouteFallbackConfig,
 )
-from policies.failures import FailureKind
+from policies.health.breaker import Blame
+from policies.health.failures import FailureKind
 from policies.scheduler import pipeline
+from policies.scheduler.admission import RejectReason
 from policies.slots import Lease, PoolUnavailable
 from router.apis.anthropic import ANTHROPIC
 from router.apis.dialect import OPENAI, Dialect

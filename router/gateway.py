@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from classifier.model import IntentClassifier
-from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
-from policies.experiments import Experiment
-from policies.quotas import Quotas
+from policies.limits.quotas import Quotas
+from policies.pricing.experiments import Experiment
+from policies.scheduler.admission import RejectReason
 from policies.slots.stall import StallClock
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend

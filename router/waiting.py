@@ -16,9 +16,9 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from policies.admission import RejectReason
 from policies.config import RouteConfig
 from policies.scheduler import pipeline
+from policies.scheduler.admission import RejectReason
 from policies.scheduler.decision import Decision, Refuse, Run
 from policies.slots import Lease, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers

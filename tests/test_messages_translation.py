@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.capabilities import Capability, needs_of
+from policies.scheduler.capabilities import Capability, needs_of
 from router.apis.anthropic_answer import to_message
 from router.apis.anthropic_request import Unsupported, to_chat
 from router.apis.anthropic_stream import MessageStream

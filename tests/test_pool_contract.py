@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from policies.answers import AnswerModel, Hints
+from policies.clock.answers import AnswerModel, Hints
+from policies.clock.forecast import Progress
 from policies.config import Priority
-from policies.forecast import Progress
 from policies.slots import SlotPool
 from policies.slots.redis import RedisSlotPool
 from tests.support.pools import (

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from policies.capabilities import body_tokens
 from policies.config import ServerConfig
+from policies.scheduler.capabilities import body_tokens
 from router.apis import context_window
 from router.apis.anthropic_answer import to_message
 from router.apis.anthropic_request import Unsupported, to_chat

@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 
 from policies.apis import Api
-from policies.capabilities import body_tokens
 from policies.config import Config, HostedTools, ServerConfig
+from policies.scheduler.capabilities import body_tokens
 from router.apis.dialect import OPENAI, Dialect, Relay
 from router.apis.responses_answer import Echo, to_response
 from router.apis.responses_request import to_chat

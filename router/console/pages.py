@@ -19,8 +19,8 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from policies.admission import RejectReason
 from policies.config import Public
+from policies.scheduler.admission import RejectReason
 from router.console.shares import tenant_shares
 from router.gateway import GATEWAY, Gateway
 from router.openai_api import not_found

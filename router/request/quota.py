@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from policies.apis import Api
 from policies.config import RouteConfig
-from policies.pricing import request_cost
-from policies.quotas import QuotaHold
+from policies.limits.quotas import QuotaHold
+from policies.pricing.costs import request_cost
 
 if TYPE_CHECKING:
     from router.exchange import Exchange

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from policies.admission import RejectReason
 from policies.config import ServerConfig
+from policies.scheduler.admission import RejectReason
 from router.openai_api import ApiError
 from router.telemetry.metrics import NO_BACKEND, Metrics
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from classifier.text import request_text
 from policies.apis import Api
-from policies.capabilities import estimate_tokens
 from policies.config import Config
-from policies.pricing import SlotTimeModel, request_cost
+from policies.pricing.costs import SlotTimeModel, request_cost
+from policies.scheduler.capabilities import estimate_tokens
 from router.ledger.base import LedgerRow
 from router.request.embeddings import input_text
 from router.sse import Usage

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple, Protocol
 
-from policies.admission import RejectReason
+from policies.scheduler.admission import RejectReason
 from router.record import RequestRecord
 
 # Span kinds as OTLP numbers them (the SDK's SpanKind value + 1).

@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
-from policies.capabilities import estimate_tokens
-from policies.failures import FailureKind
+from policies.health.failures import FailureKind
+from policies.scheduler.capabilities import estimate_tokens
 from router.apis.dialect import Relay
 from router.openai_api import Endpoint
 from router.sse import Usage

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policies import failures
-from policies.failures import FailureKind
+from policies.health import failures
+from policies.health.failures import FailureKind
 from router.openai_api import ApiError
 
 

@@ -21,10 +21,10 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
-from policies import failures
 from policies.config import BackendConfig
-from policies.failures import FailureKind
 from policies.headers import HOP_BY_HOP
+from policies.health import failures
+from policies.health.failures import FailureKind
 from router.apis import context_window
 from router.apis.context_window import overflow
 from router.apis.dialect import Relay, Translation

@@ -4,7 +4,7 @@ no clock.
 Inputs are one snapshot of the group's replicas (slots, busy slots, token work in flight,
 health, an optional KV-pressure penalty), the request's token estimate, and what is known
 of where it belongs: the replica holding its longest known prompt prefix
-(`policies.prefix.AffinityTable.match`) and a session key.
+(`policies.scheduler.prefix.AffinityTable.match`) and a session key.
 
 Bounded loads (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam):
 no mode sends a request to a replica whose load with it would pass (1 + epsilon) x the
@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from policies.prefix import NO_MATCH, Match
+from policies.scheduler.prefix import NO_MATCH, Match
 
 EPSILON = 0.25  # a replica may run a quarter more than the mean before affinity yields
 _MASK = (1 << 64) - 1
