@@ -25,11 +25,12 @@ from router.apis.anthropic_endpoints import count_tokens, model_list
 from router.apis.dialect import OPENAI
 from router.apis.responses_socket import responses_socket
 from router.assembly import add_backend, health_check, replica_check, wire_routes
+from router.common.errors import ApiError
+from router.common.parsed import Endpoint
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
-from router.openai_api import ApiError, Endpoint
 from router.request.auth import Keyring
 from router.server.no_route import add_fallback
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit

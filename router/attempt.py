@@ -16,9 +16,9 @@ from policies.config import SystemMessages
 from policies.scheduler.admission import RejectReason
 from policies.scheduler.capabilities import Capability
 from policies.slots import Lease
+from router.common.parsed import ParsedRequest
+from router.common.record import Phase
 from router.exchange import Exchange
-from router.openai_api import ParsedRequest
-from router.record import Phase
 from router.request import objective
 from router.request.usage import bounded_usage, count_tokens
 from router.upstream.failures import UpstreamFailure

@@ -20,12 +20,13 @@ from policies.scheduler.fallback import RequestFacts
 from policies.slots import Share, SlotPool
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
+from router.common.errors import ApiError
+from router.common.parsed import ParsedRequest
+from router.common.record import Phase, RequestRecord
+from router.common.sse import SSE_HEADERS
 from router.gateway import Gateway
-from router.openai_api import ApiError, ParsedRequest
 from router.placement import UNGROUPED, Placement, Preference, placement, preference
-from router.record import Phase, RequestRecord
 from router.request.body import BodyHold
-from router.sse import SSE_HEADERS
 from router.upstream.proxy import ClientGone
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from policies.scheduler import pick
 from policies.scheduler.prefix import NO_MATCH, Match, block_hashes, request_text
 from policies.slots import Lease
 from router.backend import Backend
-from router.openai_api import ParsedRequest
+from router.common.parsed import ParsedRequest
 
 BYTES_PER_TOKEN = 4  # as the prompt's token estimate counts them
 

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from policies.clock.holds import HoldTimeModel
 from policies.scheduler.pick import PickReason
 from policies.slots.local import LocalSlotPool
+from router.common.record import RequestRecord
 from router.config import config_from_dict
-from router.record import RequestRecord
 from router.telemetry.metrics import Metrics
 from router.telemetry.tallies import Spread
 from tests.support import (

@@ -12,8 +12,8 @@ from policies.health.failures import FailureKind, metric_kind
 from policies.scheduler.admission import RejectReason
 from policies.scheduler.pick import PickReason
 from policies.slots.local import LocalSlotPool
+from router.common.record import Phase
 from router.config import config_from_dict
-from router.record import Phase
 from router.reload import apply
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.metrics import Metrics

@@ -234,7 +234,7 @@ async def test_higher_classes_are_served_first_fifo_within_one(pool_factory: Poo
 
 @dataclass
 class Relayed:
-    seen_events: int = 0  # a stream's relay counter, as router.sse.Usage holds it
+    seen_events: int = 0  # a stream's relay counter, as router.common.usage.Usage holds it
 
 
 async def test_the_forecast_sees_progress_held_here_and_others_ages(

@@ -15,7 +15,8 @@ from policies.clock.slo import Verdict, objective_s, verdict
 from policies.clock.ttft import first_byte_s, predict_ttft_s
 from policies.config import BackendConfig, Priority
 from router.app import start_gateway
-from router.config import ConfigError, check_main, config_from_dict, load_config, parse_config
+from router.common.config_error import ConfigError
+from router.config import check_main, config_from_dict, load_config, parse_config
 from router.reload import ReloadRefused, reload_file
 from router.request.options import expected_output
 from tests.support import MESSAGES, SdkClients, assert_idle, sim_backend

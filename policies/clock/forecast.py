@@ -25,7 +25,7 @@ EXACT_PLACES = 512  # places simulated one by one; later ones follow at the pool
 
 
 class Produced(Protocol):
-    """A stream's relay counter: one per data event relayed (router.sse.Usage is one)."""
+    """A stream's relay counter: one per data event relayed (router.common.usage.Usage is one)."""
 
     @property
     def seen_events(self) -> int: ...

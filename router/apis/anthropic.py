@@ -18,9 +18,11 @@ from router.apis.anthropic_answer import to_message
 from router.apis.anthropic_request import Unsupported, to_chat
 from router.apis.anthropic_stream import PING, MessageStream, event
 from router.apis.dialect import Dialect, Relay
-from router.openai_api import ApiError, Endpoint, ParsedRequest, invalid, parse_request
+from router.common.errors import ApiError, invalid
+from router.common.parsed import Endpoint, ParsedRequest
+from router.common.usage import Usage
+from router.openai_api import parse_request
 from router.request.json_bounds import check_bounds
-from router.sse import Usage
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",

@@ -21,7 +21,7 @@ from policies.config import Config, Priority, RouteConfig
 
 if TYPE_CHECKING:
     from router.backend import Backend
-    from router.record import RequestRecord
+    from router.common.record import RequestRecord
     from router.telemetry.metrics import Metrics
 
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from policies.clock.answers import AnswerModel
     from policies.config import RouteConfig
     from router.backend import Backend
+    from router.common.parsed import ParsedRequest
     from router.exchange import Exchange
-    from router.openai_api import ParsedRequest
 
 def options(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> list[Option]:
     """The primary's option, then each fallback's, in the route's order."""

@@ -10,7 +10,7 @@ import math
 
 from policies.config import ServerConfig
 from policies.scheduler.admission import RejectReason
-from router.openai_api import ApiError
+from router.common.errors import ApiError
 from router.telemetry.metrics import NO_BACKEND, Metrics
 
 _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {

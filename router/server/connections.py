@@ -19,7 +19,7 @@ from typing import Protocol
 
 from policies.config import ServerConfig
 from policies.scheduler.admission import RejectReason
-from router.openai_api import ApiError
+from router.common.errors import ApiError
 from router.request.access_log import LogSampler
 from router.request.rejections import answer
 

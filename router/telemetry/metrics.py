@@ -22,7 +22,7 @@ from policies.config import Config, Priority
 from policies.health.failures import METRIC_KINDS, FailureKind, metric_kind
 from policies.scheduler.admission import RejectReason
 from policies.scheduler.pick import PickReason
-from router.record import Phase
+from router.common.record import Phase
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.tallies import Labels, Spread, Tally
 from router.telemetry.zeros import STATUS_CLASSES, Labelled, Scope, rescope
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from policies.slots import SlotPool
+    from router.common.record import RequestRecord
     from router.ledger.base import Ledger
-    from router.record import RequestRecord
 
 # LLM latencies: from a quick first token to a two-minute answer.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from policies.health import failures
 from policies.health.failures import FailureKind
-from router.openai_api import ApiError
+from router.common.errors import ApiError
 
 
 @dataclass(eq=False)

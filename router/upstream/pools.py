@@ -20,7 +20,7 @@ from policies.config import (
 )
 from policies.health.breaker import CircuitBreaker
 from policies.slots import LocalSlotPool, SlotPool
-from router.config import from_env
+from router.common.config_error import from_env
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
