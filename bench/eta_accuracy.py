@@ -1,4 +1,4 @@
-"""How well queue ETAs predict the real wait: policies.eta vs the naive formula.
+"""How well queue ETAs predict the real wait: policies.clock.eta vs the naive formula.
 
 A seeded discrete-event simulation of one pool (3 slots, FIFO, bounded queue), no network.
 At each ticket's enqueue the estimators predict its wait from past holds only (plus the
@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from policies.eta import naive_wait, predict_wait
-from policies.holds import HoldTimeModel
+from policies.clock.eta import naive_wait, predict_wait
+from policies.clock.holds import HoldTimeModel
 
 CAPACITY = 3
 QUEUE_LIMIT = 50

@@ -9,10 +9,10 @@ at its grant the real wait is known. Relative error |predicted - actual| / actua
 (waits under 0.05 s skipped), median and p90.
 
     naive      (position / slots) x the pool's mean holding time (EWMA; initial_hold_s
-               cold), as `policies.eta.naive_wait`
-    holds      the forecast before progress: `policies.eta.predict_wait` on the pool's
+               cold), as `policies.clock.eta.naive_wait`
+    holds      the forecast before progress: `policies.clock.eta.predict_wait` on the pool's
                `HoldTimeModel` and the running leases' ages
-    progress   `policies.forecast.line_starts`, as the pools call it: each running
+    progress   `policies.clock.forecast.line_starts`, as the pools call it: each running
                answer's tokens streamed and max_tokens, each waiter's max_tokens, the
                backend's `AnswerModel` (until its rates are known: as `holds`)
 
@@ -34,11 +34,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from policies.answers import AnswerModel, hints
+from policies.clock.answers import AnswerModel, hints
+from policies.clock.eta import naive_wait, predict_wait
+from policies.clock.forecast import Running, line_starts
+from policies.clock.holds import HoldTimeModel
 from policies.config import BackendConfig, SimulatedSpec
-from policies.eta import naive_wait, predict_wait
-from policies.forecast import Running, line_starts
-from policies.holds import HoldTimeModel
 
 SLOTS = 3
 QUEUE_LIMIT = 10

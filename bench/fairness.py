@@ -35,7 +35,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from policies.jain import jain
+from policies.limits.jain import jain
 from router.app import start_gateway
 from router.config import config_from_dict
 from router.ledger.base import LedgerRow, RowFilter

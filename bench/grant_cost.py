@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from redis_pool import start_redis, stop  # noqa: E402
 
-from policies.breaker import CircuitBreaker  # noqa: E402
+from policies.clock.holds import HoldTimeModel  # noqa: E402
 from policies.config import Priority, QueueOrder  # noqa: E402
-from policies.holds import HoldTimeModel  # noqa: E402
+from policies.health.breaker import CircuitBreaker  # noqa: E402
 from policies.slots import Lease, LocalSlotPool, Share, Ticket  # noqa: E402
 from policies.slots.coordinator import RedisCoordinator  # noqa: E402
 from policies.slots.redis import RedisSlotPool  # noqa: E402

@@ -28,11 +28,11 @@ sys.path.insert(0, str(ROOT))
 from report import machine  # noqa: E402
 
 from router.backend import open_backend  # noqa: E402
+from router.common.record import RequestRecord  # noqa: E402
 from router.config import config_from_dict  # noqa: E402
 from router.gateway import Gateway  # noqa: E402
 from router.ledger.base import Ledger, LedgerRow  # noqa: E402
 from router.ledger.open import open_store  # noqa: E402
-from router.record import RequestRecord  # noqa: E402
 from router.request.accounting import settle  # noqa: E402
 from router.request.usage import ledger_row  # noqa: E402
 

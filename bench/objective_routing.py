@@ -7,7 +7,7 @@ Three arms, each its own embedded gateway and ledger, the same arrivals and prom
 - saturated: today's rules: simple requests that would wait go to the 8B, a full line
   overflows to the 8B, then to the 70B hosted serverless;
 - objective: `fallback.when: objective` over the same fallbacks: the cheapest option that
-  meets the class's TTFT objective (`policies/objective.py`).
+  meets the class's TTFT objective (`policies/scheduler/objective.py`).
 
 Callers: 20% critical, 60% standard, 20% sheddable (API keys of their class; sheddable asks
 for it with `x-slotgate-priority`). The engines are the default config's, run ten times
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.slo import Verdict, verdict
+from policies.clock.slo import Verdict, verdict
 from router.app import start_gateway
 from router.config import config_from_dict
 from router.ledger.base import LedgerRow, RowFilter

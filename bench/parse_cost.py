@@ -22,7 +22,9 @@ from collections.abc import Callable
 import orjson
 
 from policies.config import ServerConfig
-from router.openai_api import ApiError, Endpoint, parse_request
+from router.common.errors import ApiError
+from router.common.parsed import Endpoint
+from router.openai_api import parse_request
 from router.request.json_bounds import check_bounds
 
 MiB = 1 << 20

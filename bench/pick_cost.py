@@ -22,8 +22,8 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from policies.pick import PickMode, Replica, pick
-from policies.prefix import AffinityTable, block_hashes, request_text
+from policies.scheduler.pick import PickMode, Replica, pick
+from policies.scheduler.prefix import AffinityTable, block_hashes, request_text
 
 REPLICAS = 16
 TOKENS = 1500

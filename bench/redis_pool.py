@@ -33,8 +33,8 @@ from harness import free_port, slotgate_command  # noqa: E402
 from load import Target, closed_loop, new_session  # noqa: E402
 from report import machine  # noqa: E402
 
-from policies.breaker import CircuitBreaker  # noqa: E402
-from policies.holds import HoldTimeModel  # noqa: E402
+from policies.clock.holds import HoldTimeModel  # noqa: E402
+from policies.health.breaker import CircuitBreaker  # noqa: E402
 from policies.slots import LocalSlotPool  # noqa: E402
 from policies.slots.coordinator import RedisCoordinator  # noqa: E402
 from policies.slots.redis import RedisSlotPool  # noqa: E402

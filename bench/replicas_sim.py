@@ -6,10 +6,10 @@ box's CPU and the event loops add their noise to every figure. This plays the sa
 no network, no processes and no clock: four engines of four slots with the simulated
 engine's prefix cache and timing (`router.upstream.simulated`: TTFT plus the prefill of
 the uncached prompt tokens, then the decode), one first-come, first-served line for the
-group, and the gateway's own pick (`policies.pick`, `policies.prefix`) with its load
-accounting. A waiter takes the replica whose slot freed first, as in the gateway (with
-`+look_ahead`, the pool's bounded look-ahead for waiters). Every
-run is deterministic: the seeds are the only variation, so a difference between policies
+group, and the gateway's own pick (`policies.scheduler.pick`, `policies.scheduler.prefix`)
+with its load accounting. A waiter takes the replica whose slot freed first, as in the
+gateway (with `+look_ahead`, the pool's bounded look-ahead for waiters). Every run is
+deterministic: the seeds are the only variation, so a difference between policies
 is the policies'.
 
     .venv/bin/python bench/replicas_sim.py [--sessions 72] [--loads 0.8 1.2] [--seeds 1 2 3]
@@ -40,10 +40,10 @@ from replicas import (
     trace,
 )
 
-from policies import pick
-from policies.capabilities import estimate_tokens
-from policies.lengths import OUTPUT_PRIOR
-from policies.prefix import BLOCK_BYTES, AffinityTable, block_hashes, request_text
+from policies.clock.lengths import OUTPUT_PRIOR
+from policies.scheduler import pick
+from policies.scheduler.capabilities import estimate_tokens
+from policies.scheduler.prefix import BLOCK_BYTES, AffinityTable, block_hashes, request_text
 from router.upstream.simulated.cache import PrefixCache
 
 POLICIES = ("round_robin", "least_loaded", "affinity", "affinity+look_ahead")

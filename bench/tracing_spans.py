@@ -32,7 +32,10 @@ os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(REQUESTS + 1024)
 sys.path.insert(0, TREE)
 from multidict import CIMultiDict
 from policies.config import TracingConfig
-from router.record import RequestRecord
+try:
+    from router.common.record import RequestRecord
+except ImportError:  # a revision from before router/common/
+    from router.record import RequestRecord
 from router.tracing.otel import Tracer
 
 

@@ -18,18 +18,19 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, CoordinationMode, Public, RedisDown
-from policies.quotas import Quotas, period_bounds
+from policies.limits.quotas import Quotas, period_bounds
 from router import dispatch
 from router.apis.anthropic import ANTHROPIC
 from router.apis.anthropic_endpoints import count_tokens, model_list
 from router.apis.dialect import OPENAI
 from router.apis.responses_socket import responses_socket
 from router.assembly import add_backend, health_check, replica_check, wire_routes
+from router.common.errors import ApiError
+from router.common.parsed import Endpoint
 from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
-from router.openai_api import ApiError, Endpoint
 from router.request.auth import Keyring
 from router.server.no_route import add_fallback
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit

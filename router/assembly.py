@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 
 from policies.config import BackendConfig, FallbackWhen
-from policies.experiments import build_experiments
+from policies.pricing.experiments import build_experiments
 from policies.slots.handover import MoveOffers
 from router.backend import open_backend
+from router.common.errors import ApiError
 from router.gateway import Gateway
-from router.openai_api import ApiError
 from router.upstream.errors import UpstreamError
 from router.upstream.proxy import Upstream
 

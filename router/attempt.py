@@ -11,14 +11,14 @@ from typing import Any
 
 from aiohttp import web
 
-from policies.admission import RejectReason
-from policies.capabilities import Capability
+from policies.clock.forecast import Progress
 from policies.config import SystemMessages
-from policies.forecast import Progress
+from policies.scheduler.admission import RejectReason
+from policies.scheduler.capabilities import Capability
 from policies.slots import Lease
+from router.common.parsed import ParsedRequest
+from router.common.record import Phase
 from router.exchange import Exchange
-from router.openai_api import ParsedRequest
-from router.record import Phase
 from router.request import objective
 from router.request.usage import bounded_usage, count_tokens
 from router.upstream.failures import UpstreamFailure

@@ -13,11 +13,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from policies.answers import AnswerModel, hints
+from policies.clock.answers import AnswerModel, hints
 from policies.config import BackendConfig, CoordinationConfig, EndpointConfig
-from policies.pick import PickMode
-from policies.prefix import AffinityTable
-from policies.pricing import SlotTimeModel
+from policies.pricing.costs import SlotTimeModel
+from policies.scheduler.pick import PickMode
+from policies.scheduler.prefix import AffinityTable
 from policies.slots import SlotPool
 from policies.slots.handover import MoveOffers
 from router.request.queue_report import QueueReporter

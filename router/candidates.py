@@ -12,10 +12,10 @@ import time
 from collections.abc import Mapping, Sequence
 
 from classifier.text import request_text
-from policies.brevity import lean_simple
 from policies.config import Priority, RouteConfig, RouteFallbackConfig
-from policies.fallback import Candidate, RequestFacts, Standing
-from policies.objective import Option, qualifies
+from policies.scheduler.brevity import lean_simple
+from policies.scheduler.fallback import Candidate, RequestFacts, Standing
+from policies.scheduler.objective import Option, qualifies
 from policies.slots import PoolSnapshot
 from router.exchange import Capable, Exchange
 from router.placement import Preference

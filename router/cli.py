@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from policies.config import SimulatedSpec
-from router.config import ConfigError, add_check_arguments, load_config
+from router.common.config_error import ConfigError
+from router.config import add_check_arguments, load_config
 from router.telemetry import logs
 from router.tools.run import Closable, run_until_signal
 

@@ -7,12 +7,10 @@ Safe loading only; secrets are never read here (the config only names env vars).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import types
 import typing
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -27,6 +25,7 @@ from policies.config import (
     cross_check,
     target_problem,
 )
+from router.common.config_error import ConfigError, ConfigProblem
 
 DEFAULT_CONFIG_PATH: Path = Path(__file__).resolve().parent.parent / "config.yaml"
 
@@ -37,28 +36,6 @@ _FRIENDLIER = {
     "dict_type": "Input should be a mapping",
     "model_type": "Input should be a mapping",
 }
-
-
-@dataclass(frozen=True)
-class ConfigProblem:
-    path: str  # "backends.llama-70b.slots", "routes.chat.fallbacks[1]"; "" for the root
-    message: str
-    line: int | None  # 1-based
-
-    def __str__(self) -> str:
-        where = f"{self.line}: " if self.line is not None else ""
-        return f"{where}{self.path}: {self.message}" if self.path else f"{where}{self.message}"
-
-
-class ConfigError(Exception):
-    """A config that cannot be used; `problems` lists every reason, in file order."""
-
-    def __init__(self, problems: list[ConfigProblem], source: str = "<string>") -> None:
-        self.problems = problems
-        self.source = source
-        # "FILE:LINE: path: message", the shape compilers use, so editors can jump to it.
-        lines = (f"{source}:{p}" if p.line else f"{source}: {p}" for p in problems)
-        super().__init__("\n".join(lines))
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -288,15 +265,3 @@ def check_main(argv: list[str]) -> int:
         return 1
     print(f"{name}: OK ({len(config.backends)} backends, {len(config.routes)} routes)")
     return 0
-
-
-def from_env(value: str | None, env: str | None, key: str) -> str | None:
-    """A setting given in the file (`value`) or in the environment variable it names
-    (`env`, for secrets such as a DSN with a password); None when neither is set."""
-    if env is None:
-        return value
-    found = os.environ.get(env)
-    if not found:
-        raise ConfigError([ConfigProblem(key, f"environment variable {env} is not set", None)],
-                          "environment")
-    return found

@@ -19,35 +19,30 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from classifier.text import request_text
-from policies.admission import RejectReason
 from policies.apis import GENERATIVE_APIS, Api
-from policies.breaker import Blame
 from policies.config import (
     Config,
     FallbackWhen,
     RouteConfig,
     RouteFallbackConfig,
 )
-from policies.failures import FailureKind
+from policies.health.breaker import Blame
+from policies.health.failures import FailureKind
 from policies.scheduler import pipeline
+from policies.scheduler.admission import RejectReason
 from policies.slots import Lease, PoolUnavailable
 from router.apis.anthropic import ANTHROPIC
 from router.apis.dialect import OPENAI, Dialect
 from router.apis.responses import dialect_for
 from router.attempt import forward_on, forward_while_held
 from router.candidates import Candidates, Facts
+from router.common.errors import ApiError
+from router.common.parsed import Endpoint, ParsedRequest
+from router.common.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.exchange import Exchange
 from router.gateway import GATEWAY
-from router.openai_api import (
-    ApiError,
-    Endpoint,
-    ParsedRequest,
-    check_content_encoding,
-    check_content_type,
-    read_body,
-)
+from router.openai_api import check_content_encoding, check_content_type, read_body
 from router.placement import placed, unplaced
-from router.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.request import objective, quota
 from router.request.access_log import log_refused
 from router.request.accounting import learn, settle

@@ -11,21 +11,22 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from policies.admission import RejectReason
-from policies.capabilities import Needs, body_tokens, needs_of, serves
 from policies.config import Config, Priority, QueueOrder
-from policies.failures import FailureKind
-from policies.fallback import RequestFacts
-from policies.quotas import QuotaHold
+from policies.health.failures import FailureKind
+from policies.limits.quotas import QuotaHold
+from policies.scheduler.admission import RejectReason
+from policies.scheduler.capabilities import Needs, body_tokens, needs_of, serves
+from policies.scheduler.fallback import RequestFacts
 from policies.slots import Share, SlotPool
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
+from router.common.errors import ApiError
+from router.common.parsed import ParsedRequest
+from router.common.record import Phase, RequestRecord
+from router.common.sse import SSE_HEADERS
 from router.gateway import Gateway
-from router.openai_api import ApiError, ParsedRequest
 from router.placement import UNGROUPED, Placement, Preference, placement, preference
-from router.record import Phase, RequestRecord
 from router.request.body import BodyHold
-from router.sse import SSE_HEADERS
 from router.upstream.proxy import ClientGone
 
 if TYPE_CHECKING:

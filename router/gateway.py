@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from classifier.model import IntentClassifier
-from policies.admission import RejectReason
 from policies.config import AuthConfig, Config, Public
-from policies.experiments import Experiment
-from policies.quotas import Quotas
+from policies.limits.quotas import Quotas
+from policies.pricing.experiments import Experiment
+from policies.scheduler.admission import RejectReason
 from policies.slots.stall import StallClock
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
+from router.common.errors import ApiError
 from router.ledger.base import Ledger
-from router.openai_api import ApiError
 from router.request.access_log import KeyRefusals, LogSampler
 from router.request.auth import Keyring
 from router.request.big_body import BigBodies
@@ -35,7 +35,7 @@ from router.upstream.replica_health import ReplicaHealth
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
     from policies.slots.limits import SharedQuotas
-    from router.record import RequestRecord
+    from router.common.record import RequestRecord
     from router.tracing.otel import Tracer
 
 RECENT_RECORDS = 1000

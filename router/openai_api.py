@@ -1,15 +1,5 @@
-"""Parse and validate OpenAI requests; build OpenAI-shaped error responses.
-
-Errors the gateway answers itself (all render as {"error": {message, type, param, code}}):
-
-    ApiError                    status, type and code given per case:
-      400 invalid_request_error bad JSON, missing or malformed fields
-      404 invalid_request_error unknown model (code model_not_found)
-      408 invalid_request_error the body did not arrive in time (code request_timeout)
-      413 invalid_request_error body over the limit (code request_too_large)
-      415 invalid_request_error a body that is not JSON (code unsupported_media_type)
-      429 rate_limit_error      every pool and queue full (code queue_full)
-      502 / 503 / 504           upstream unreachable, queue timeout, upstream timeout
+"""Read, parse and validate OpenAI requests into a `ParsedRequest` (router.common.parsed);
+what is wrong is an `ApiError` (router.common.errors), a 400, 408, 413 or 415.
 
 Only what the gateway itself needs is validated; every other field passes through.
 """
@@ -18,110 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import gc
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from policies.apis import Api
 from policies.config import ServerConfig
+from router.common.errors import ApiError, invalid, too_large
+from router.common.parsed import Endpoint, ParsedRequest
 from router.request.body import BodyHold
 from router.request.embeddings import embeddings_problem
 from router.request.json_bounds import check_bounds
-
-
-class Endpoint(enum.StrEnum):
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
-    MESSAGES = "/v1/messages"  # Anthropic's, translated to chat (router.apis.anthropic)
-    EMBEDDINGS = "/v1/embeddings"
-    RESPONSES = "/v1/responses"  # passed through, or translated to chat (router.apis.responses)
-
-    @property
-    def api(self) -> Api:
-        """The client API this endpoint serves (a metric label, a ledger column)."""
-        return _APIS[self]
-
-
-_APIS = {Endpoint.CHAT: Api.CHAT, Endpoint.COMPLETIONS: Api.COMPLETIONS,
-         Endpoint.EMBEDDINGS: Api.EMBEDDINGS, Endpoint.MESSAGES: Api.MESSAGES,
-         Endpoint.RESPONSES: Api.RESPONSES}
-
-
-# `x-should-retry` by status: false where no retry can help, true where one will (a 429 or
-# 503 also says when, in Retry-After). 408 and 409 are left to the client's own rule.
-_SHOULD_RETRY = {status: "false" for status in (400, 401, 403, 404, 405, 406, 411, 413, 415,
-                                                 422, 426, 431, 501)}
-_SHOULD_RETRY.update({429: "true", 503: "true"})
-
-
-@dataclass(eq=False)
-class ApiError(Exception):
-    status: int
-    message: str
-    type: str = "invalid_request_error"
-    code: str | None = None
-    param: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    close: bool = False  # close the connection after this answer
-    model: str | None = None  # the model the refused request named, once read (the log's)
-
-    def __post_init__(self) -> None:
-        # The official SDKs (and the agents on them) retry 401s, 404s... unless told not
-        # to: a wrong key otherwise keeps a client retrying for minutes.
-        should_retry = _SHOULD_RETRY.get(self.status)
-        if should_retry is not None and "x-should-retry" not in self.headers:
-            self.headers["x-should-retry"] = should_retry
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    def response(self) -> web.Response:
-        response = web.Response(
-            status=self.status,
-            body=orjson.dumps(self.body()),
-            content_type="application/json",
-            headers=self.headers,
-        )
-        if self.close:
-            response.force_close()
-        return response
-
-    def sse_event(self) -> bytes:
-        """The in-band form, once a stream's 200 has already been sent."""
-        return b"data: " + orjson.dumps(self.body()) + b"\n\n"
-
-
-def not_found(request: web.BaseRequest) -> web.Response:
-    return ApiError(404, f"Not Found: {request.method} {request.path}",
-                    code="not_found").response()
-
-
-def invalid(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
-
-
-@dataclass(slots=True)
-class ParsedRequest:
-    endpoint: Endpoint
-    body: dict[str, Any]  # the client's JSON object, forwarded with `model` rewritten
-    model: str
-    stream: bool
-    wants_usage: bool  # the client itself asked for stream_options.include_usage
-    max_tokens: int | None
-    raw: bytes = b""  # the body as received, for cheap size estimates
-    queue_events: bool = False  # body asked for named queue events: slotgate.queue_events
-    dropped_tools: str | None = None  # tools a translation left out (comma-separated types)
 
 
 async def read_body(request: web.BaseRequest, limit: int, timeout_s: float | None = None,
@@ -177,12 +75,6 @@ def _close_when_answered(request: web.BaseRequest) -> None:
     transport, task = request.transport, asyncio.current_task()
     if transport is not None and task is not None:
         task.add_done_callback(lambda _: transport.close())
-
-
-def too_large(limit: int) -> ApiError:
-    return ApiError(
-        413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large"
-    )
 
 
 # Fields some SDKs and proxies read as "send this elsewhere" or "use these credentials":

@@ -1,7 +1,7 @@
 """Which replica of a backend's group a request prefers, and the accounting that follows
 its slot: the replica's token work in flight and the prefix table.
 
-The decision is `policies.pick.pick` over a snapshot of the group's seats and loads; the
+The decision is `policies.scheduler.pick.pick` over a snapshot of the group's seats and loads; the
 pool then grants the first free slot in that preference, atomically. A group of one
 skips all of it. A waiter takes the replica whose slot freed first (the line is the
 group's), and its prompt's blocks are recorded there all the same.
@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from policies import pick
-from policies.lengths import OUTPUT_PRIOR
-from policies.prefix import NO_MATCH, Match, block_hashes, request_text
+from policies.clock.lengths import OUTPUT_PRIOR
+from policies.scheduler import pick
+from policies.scheduler.prefix import NO_MATCH, Match, block_hashes, request_text
 from policies.slots import Lease
 from router.backend import Backend
-from router.openai_api import ParsedRequest
+from router.common.parsed import ParsedRequest
 
 BYTES_PER_TOKEN = 4  # as the prompt's token estimate counts them
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from policies.config import Config
 from router.assembly import add_backend, watch_replicas, wire_routes
-from router.config import ConfigError, load_config
+from router.common.config_error import ConfigError
+from router.config import load_config
 from router.gateway import Gateway
 from router.request.auth import Keyring
 

@@ -16,16 +16,16 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from policies.admission import RejectReason
 from policies.config import RouteConfig
 from policies.scheduler import pipeline
+from policies.scheduler.admission import RejectReason
 from policies.scheduler.decision import Decision, Refuse, Run
 from policies.slots import Lease, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers
 from router.candidates import Candidates, Facts
+from router.common.parsed import ParsedRequest
+from router.common.record import Phase
 from router.exchange import Capable, Exchange
-from router.openai_api import ParsedRequest
-from router.record import Phase
 from router.request import objective
 from router.request.waits import Interrupt, abandon
 from router.upstream.health import BackendOpened

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.admission import Reject, RejectReason, RouteReason, Run, Wait, decide
+from policies.clock.holds import HoldTimeModel
 from policies.config import Overflow
-from policies.holds import HoldTimeModel
+from policies.scheduler.admission import Reject, RejectReason, RouteReason, Run, Wait, decide
 from policies.slots import PoolSnapshot
 
 

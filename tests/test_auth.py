@@ -80,7 +80,7 @@ async def test_admin_endpoints_need_an_admin_key(
 async def test_a_key_from_a_missing_environment_variable_stops_startup(
     start: StartGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from router.config import ConfigError
+    from router.common.config_error import ConfigError
 
     monkeypatch.delenv("SLOTGATE_OPS_KEY", raising=False)
     with pytest.raises(ConfigError, match="SLOTGATE_OPS_KEY is not set"):

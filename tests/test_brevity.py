@@ -1,11 +1,12 @@
-"""policies.brevity: a small max_tokens or a cue asking for a short answer leans a request
+"""policies.scheduler.brevity: a small max_tokens or a cue asking for a short answer leans a request
 simple, only ever upwards and only for a simple intent the route lists."""
 
 from __future__ import annotations
 
 import pytest
 
-from policies.brevity import (
+from policies.config import COMPLEX_INTENTS, SIMPLE_INTENTS
+from policies.scheduler.brevity import (
     CUE_RATIO,
     P_MAX,
     SHORT_RATIO,
@@ -14,7 +15,6 @@ from policies.brevity import (
     has_brevity_cue,
     lean_simple,
 )
-from policies.config import COMPLEX_INTENTS, SIMPLE_INTENTS
 
 ROUTE = frozenset(SIMPLE_INTENTS)
 

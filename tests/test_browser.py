@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from router.app import RunningGateway
-from router.record import Phase
+from router.common.record import Phase
 from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     SdkClients,

@@ -1,5 +1,5 @@
-"""policies.capabilities: what a request needs (tools, vision, a JSON schema, its size) and
-whether a backend serves it; and the policies that move requests honouring it."""
+"""policies.scheduler.capabilities: what a request needs (tools, vision, a JSON schema, its
+size) and whether a backend serves it; and the policies that move requests honouring it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from policies import admission
-from policies.capabilities import (
+from policies.clock.lengths import OUTPUT_PRIOR
+from policies.config import Overflow, RouteConfig
+from policies.scheduler import admission
+from policies.scheduler.capabilities import (
     ALL_CAPABILITIES,
     Ability,
     Capability,
@@ -19,9 +21,7 @@ from policies.capabilities import (
     needs_of,
     serves,
 )
-from policies.config import Overflow, RouteConfig
-from policies.fallback import Plan, Retry, Standing, Unavailable, lead, retry_on, without
-from policies.lengths import OUTPUT_PRIOR
+from policies.scheduler.fallback import Plan, Retry, Standing, Unavailable, lead, retry_on, without
 from policies.slots import PoolSnapshot
 
 TOOLS, VISION, SCHEMA = Capability.TOOLS, Capability.VISION, Capability.JSON_SCHEMA

@@ -11,10 +11,9 @@ from pydantic import ValidationError
 
 from policies.apis import Api
 from policies.config import Config, Overflow, cross_check
+from router.common.config_error import ConfigError, ConfigProblem
 from router.config import (
     DEFAULT_CONFIG_PATH,
-    ConfigError,
-    ConfigProblem,
     check_main,
     config_from_dict,
     load_config,

@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from router.common.record import RequestRecord
 from router.console.pages import WINDOW_S, pool_rows
 from router.console.shares import tenant_shares
-from router.record import RequestRecord
 from tests.support import (
     MESSAGES,
     SdkClients,

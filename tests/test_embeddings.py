@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from router.app import RunningGateway
-from router.record import Phase, RequestRecord
+from router.common.record import Phase, RequestRecord
 from tests.support import (
     MESSAGES,
     SdkClients,

@@ -10,7 +10,8 @@ import openai
 import orjson
 import pytest
 
-from router.config import ConfigError, config_from_dict
+from router.common.config_error import ConfigError
+from router.config import config_from_dict
 from router.report.build import build_report
 from router.report.render import render_json, render_text
 from tests.support import (

@@ -10,13 +10,13 @@ import statistics
 
 import pytest
 
-from policies import eta, holds
-from policies.eta import (
+from policies.clock import eta, holds
+from policies.clock.eta import (
     forecast_wait,
     predict_wait,
     predict_waits,
 )
-from policies.holds import HoldTimeModel
+from policies.clock.holds import HoldTimeModel
 
 
 def fed(holds: list[float], initial_s: float = 5.0) -> HoldTimeModel:

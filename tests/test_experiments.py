@@ -6,7 +6,7 @@ import collections
 import math
 
 from policies.config import ExperimentConfig, FallbackWhen, RouteConfig
-from policies.experiments import Experiment, build_experiments
+from policies.pricing.experiments import Experiment, build_experiments
 from tests.support import SdkClients, StartGateway, assert_idle, gateway_config, sim_backend
 
 ROUTE = RouteConfig.model_validate({

@@ -1,4 +1,4 @@
-"""Failover (policies.fallback): the route a request is admitted on, a route without a
+"""Failover (policies.scheduler.fallback): the route a request is admitted on, a route without a
 backend that opened, the backend a failed request is retried on; and the standing
 snapshot they read."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.breaker import BreakerState, CircuitBreaker
 from policies.config import Overflow, RouteConfig
-from policies.fallback import (
+from policies.health.breaker import BreakerState, CircuitBreaker
+from policies.scheduler.fallback import (
     RETRY_MIN,
     Plan,
     Retry,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from policies.clock.forecast import Progress
+from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
-from policies.forecast import Progress
-from policies.holds import HoldTimeModel
 from policies.slots import FORECAST_TTL_S, Lease, LocalSlotPool, Share, Ticket
 from tests.support.pools import acquired, next_granted, waiting
 
@@ -122,7 +122,7 @@ async def test_classes_first_then_fair_within_each() -> None:
 
 @dataclass
 class Relay:
-    """A stream's relay counter as the pool reads it (`policies.forecast.Produced`)."""
+    """A stream's relay counter as the pool reads it (`policies.clock.forecast.Produced`)."""
 
     seen_events: int = 0
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from policies.clock.forecast import Progress
 from policies.config import Priority, QueueOrder
-from policies.forecast import Progress
 from policies.slots import Lease, SlotPool, Ticket
 from policies.slots.base import Share
 from policies.slots.redis import RedisSlotPool
@@ -206,6 +206,6 @@ async def enqueued(pool: SlotPool, tenant: str) -> Ticket:
 
 @dataclass
 class Relay:
-    """A stream's relay counter (`policies.forecast.Produced`)."""
+    """A stream's relay counter (`policies.clock.forecast.Produced`)."""
 
     seen_events: int

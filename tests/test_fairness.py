@@ -1,18 +1,18 @@
-"""The virtual token counter's rules (policies/fairness.py) as tables: who is picked, the
+"""The virtual token counter's rules (policies/limits/fairness.py) as tables: who is picked, the
 grant order, the lift of a tenant lining up, the trim of the table."""
 
 from __future__ import annotations
 
 import pytest
 
-from policies.fairness import (
+from policies.clock.lengths import OUTPUT_PRIOR
+from policies.limits.fairness import (
     Counters,
     Waiter,
     expected_tokens,
     order,
     pick,
 )
-from policies.lengths import OUTPUT_PRIOR
 
 
 @pytest.mark.parametrize(("heads", "served", "expected"), [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.capabilities import Capability, Lack, estimate_tokens
 from policies.config import FallbackWhen, RouteFallbackConfig
-from policies.fallback import Candidate, Move, RequestFacts, Stay, StayReason, decide
+from policies.scheduler.capabilities import Capability, Lack, estimate_tokens
+from policies.scheduler.fallback import Candidate, Move, RequestFacts, Stay, StayReason, decide
 from policies.slots import PoolSnapshot
 
 SATURATED = PoolSnapshot("big", 3, 3, 4, 10, 30.0)  # a place in line: ~50 s
@@ -60,7 +60,7 @@ def wait(pool: PoolSnapshot) -> float:
         # Too long for the fallback's context window (prompt + max_tokens).
         (RequestFacts("summarize", 0.9, 1900, 200), SATURATED, [SMALL_TINY_CONTEXT], RULE,
          Stay(StayReason.NEEDS, (), Lack.CONTEXT)),
-        # No max_tokens: the output prior (policies.lengths) counts against the window.
+        # No max_tokens: the output prior (policies.clock.lengths) counts against the window.
         (RequestFacts("summarize", 0.9, 1850, None), SATURATED, [SMALL_TINY_CONTEXT], RULE,
          Stay(StayReason.NEEDS, (), Lack.CONTEXT)),
         (RequestFacts("summarize", 0.9, 1850, 100), SATURATED, [SMALL_TINY_CONTEXT], RULE,

@@ -103,8 +103,8 @@ async def test_an_open_breaker_without_a_fallback_is_503_with_retry_after(
 
 
 def test_what_counts_as_a_backend_failure_and_the_retry_budget() -> None:
-    from policies.breaker import Blame
-    from policies.failures import FailureKind, answered, blame, retryable
+    from policies.health.breaker import Blame
+    from policies.health.failures import FailureKind, answered, blame, retryable
 
     def engine_blame(status: int) -> Blame:
         return blame(answered(status), status)
@@ -258,7 +258,7 @@ async def test_an_upstream_429_is_honoured(
 
 def test_failure_kinds_keep_the_error_codes_and_metric_labels_of_old() -> None:
     """The ledger's error codes and the metric's `kind` labels are what they always were."""
-    from policies.failures import FailureKind, code, metric_kind
+    from policies.health.failures import FailureKind, code, metric_kind
 
     assert {kind: (code(kind), metric_kind(kind)) for kind in FailureKind} == {
         FailureKind.REFUSED: ("upstream_unreachable", "connect"),

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from policies.answers import AnswerModel, Hints, hints
-from policies.config import BackendConfig, RatesHint, SimulatedSpec
-from policies.eta import predict_waits
-from policies.forecast import (
+from policies.clock.answers import AnswerModel, Hints, hints
+from policies.clock.eta import predict_waits
+from policies.clock.forecast import (
     Durations,
     Progress,
     Running,
@@ -19,8 +18,9 @@ from policies.forecast import (
     seen_here,
     start_times,
 )
-from policies.holds import HoldTimeModel
-from policies.lengths import Survival, kaplan_meier, uniform
+from policies.clock.holds import HoldTimeModel
+from policies.clock.lengths import Survival, kaplan_meier, uniform
+from policies.config import BackendConfig, RatesHint, SimulatedSpec
 from policies.slots import LocalSlotPool
 
 TTFT, RATE = 0.4, 30.0  # the embedded config's simulated 70B
@@ -73,7 +73,7 @@ def test_more_running_than_slots_after_a_cut_frees_nothing_until_the_extras_end(
 
 
 def test_places_far_back_follow_the_pool_rate() -> None:
-    from policies import forecast
+    from policies.clock import forecast
 
     places = forecast.EXACT_PLACES + 10
     got = start_times(to_cap(), [Running(0.0, 0, 80)] * 2, 2, [80] * places, places)

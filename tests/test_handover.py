@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.holds import HoldTimeModel
+from policies.clock.holds import HoldTimeModel
 from policies.slots import LocalSlotPool
 from policies.slots.handover import MoveOffers
 

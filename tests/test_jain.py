@@ -1,10 +1,10 @@
-"""Jain's fairness index (policies.jain), with tables of known values."""
+"""Jain's fairness index (policies.limits.jain), with tables of known values."""
 
 from __future__ import annotations
 
 import pytest
 
-from policies.jain import jain
+from policies.limits.jain import jain
 
 
 @pytest.mark.parametrize(("amounts", "expected"), [

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from router.app import RunningGateway
-from router.config import ConfigError
+from router.common.config_error import ConfigError
 from router.ledger.base import LedgerRow
 from router.ledger.open import open_store
 from tests.support import (

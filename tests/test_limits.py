@@ -1,4 +1,4 @@
-"""The per-key limits' model (`policies.limits`), step by step: token buckets, budgets
+"""The per-key limits' model (`policies.limits.model`), step by step: token buckets, budgets
 reserved then settled, and holds that expire."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.limits import (
+from policies.limits.model import (
     Book,
     Budget,
     Limit,

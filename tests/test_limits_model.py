@@ -1,5 +1,5 @@
 """The Lua scripts of the shared per-key limits against their pure model
-(`policies.limits`), step by step.
+(`policies.limits.model`), step by step.
 
 Hypothesis draws one key's limits (concurrency, rpm, tpm, budgets) and drives the scripts
 (reserve, settle, renew, seed) in random orders; the model takes each step at the time
@@ -28,8 +28,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from policies import limits as model
-from policies.limits import PERIODS, Book, Budget, Limits
+from policies.limits import model
+from policies.limits.model import PERIODS, Book, Budget, Limits
 from policies.slots.limits import limit_args, refused
 from policies.slots.limits_lua import KEY_NAMES, PRELUDE, RENEW, RESERVE, SEED, SETTLE
 from tests.support.scripts import scripts_on_redis

@@ -12,7 +12,7 @@ import anthropic
 import pytest
 
 from router.app import RunningGateway
-from router.record import Phase, RequestRecord
+from router.common.record import Phase, RequestRecord
 from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     StartGateway,

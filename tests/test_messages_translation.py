@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.capabilities import Capability, needs_of
+from policies.scheduler.capabilities import Capability, needs_of
 from router.apis.anthropic_answer import to_message
 from router.apis.anthropic_request import Unsupported, to_chat
 from router.apis.anthropic_stream import MessageStream
-from router.sse import Usage
+from router.common.usage import Usage
 from tests.support.anthropic import accumulate, chat_of, messages_of, parse_stream
 
 BASE: dict[str, Any] = {"model": "chat", "max_tokens": 10}

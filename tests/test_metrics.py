@@ -12,11 +12,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies.holds import HoldTimeModel
-from policies.pick import PickReason
+from policies.clock.holds import HoldTimeModel
+from policies.scheduler.pick import PickReason
 from policies.slots.local import LocalSlotPool
+from router.common.record import RequestRecord
 from router.config import config_from_dict
-from router.record import RequestRecord
 from router.telemetry.metrics import Metrics
 from router.telemetry.tallies import Spread
 from tests.support import (

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.admission import RejectReason
+from policies.clock.holds import HoldTimeModel
 from policies.config import Config, Priority
-from policies.failures import FailureKind, metric_kind
-from policies.holds import HoldTimeModel
-from policies.pick import PickReason
+from policies.health.failures import FailureKind, metric_kind
+from policies.scheduler.admission import RejectReason
+from policies.scheduler.pick import PickReason
 from policies.slots.local import LocalSlotPool
+from router.common.record import Phase
 from router.config import config_from_dict
-from router.record import Phase
 from router.reload import apply
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.metrics import Metrics

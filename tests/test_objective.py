@@ -1,4 +1,4 @@
-"""policies.objective: the cheapest option that meets the TTFT objective; else the fastest
+"""policies.scheduler.objective: the cheapest option that meets the TTFT objective; else the fastest
 (critical, standard) or an early shed with a Retry-After (sheddable); never a downgrade of a
 complex request, never a backend that cannot serve the request."""
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from policies.capabilities import Lack
 from policies.config import FallbackWhen, Priority, RouteFallbackConfig
-from policies.objective import Choice, Option, OptionKind, choose, qualifies
+from policies.scheduler.capabilities import Lack
+from policies.scheduler.objective import Choice, Option, OptionKind, choose, qualifies
 
 PRIMARY, SMALL, OVERFLOW, SHED = (OptionKind.PRIMARY, OptionKind.SMALL, OptionKind.OVERFLOW,
                                   OptionKind.SHED)

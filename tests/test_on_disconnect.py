@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from router.app import RunningGateway
-from router.config import ConfigError, config_from_dict
-from router.record import Phase, RequestRecord
+from router.common.config_error import ConfigError
+from router.common.record import Phase, RequestRecord
+from router.config import config_from_dict
 from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     MESSAGES,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.pick import (
+from policies.scheduler.pick import (
     EPSILON,
     Pick,
     PickMode,
@@ -22,7 +22,7 @@ from policies.pick import (
     rendezvous,
     session_key,
 )
-from policies.prefix import NO_MATCH, Match
+from policies.scheduler.prefix import NO_MATCH, Match
 
 AFFINITY, LEAST, ROBIN = PickMode.AFFINITY, PickMode.LEAST_LOADED, PickMode.ROUND_ROBIN
 TWO = PickMode.POWER_OF_TWO

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from policies.answers import AnswerModel, Hints
+from policies.clock.answers import AnswerModel, Hints
+from policies.clock.forecast import Progress
 from policies.config import Priority
-from policies.forecast import Progress
 from policies.slots import SlotPool
 from policies.slots.redis import RedisSlotPool
 from tests.support.pools import (
@@ -234,7 +234,7 @@ async def test_higher_classes_are_served_first_fifo_within_one(pool_factory: Poo
 
 @dataclass
 class Relayed:
-    seen_events: int = 0  # a stream's relay counter, as router.sse.Usage holds it
+    seen_events: int = 0  # a stream's relay counter, as router.common.usage.Usage holds it
 
 
 async def test_the_forecast_sees_progress_held_here_and_others_ages(

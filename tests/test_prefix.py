@@ -9,7 +9,7 @@ from collections import OrderedDict
 import orjson
 import pytest
 
-from policies.prefix import (
+from policies.scheduler.prefix import (
     BLOCK_BYTES,
     NO_MATCH,
     AffinityTable,

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from policies.config import PriceConfig
-from policies.pricing import SlotTimeModel, request_cost, slot_second_price
+from policies.pricing.costs import SlotTimeModel, request_cost, slot_second_price
 
 
 def test_per_token_cost() -> None:

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from policies.headers import DEFAULT_FORWARDED, never_forwarded
-from router.sse import EventRelay, Usage
+from router.common.sse import EventRelay
+from router.common.usage import Usage
 from router.upstream.forwarding import forward_headers
 
 NAMES = st.sampled_from([

@@ -9,7 +9,8 @@ import aiohttp
 import orjson
 
 from router.app import RunningGateway
-from router.openai_api import Endpoint, parse_request
+from router.common.parsed import Endpoint
+from router.openai_api import parse_request
 from router.upstream.request_body import upstream_body
 from tests.support import (
     MESSAGES,

@@ -1,5 +1,5 @@
 """Per-key priority classes, concurrency caps and budgets, through the gateway with the
-official SDK; and the period arithmetic of `policies.quotas`."""
+official SDK; and the period arithmetic of `policies.limits.quotas`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from policies.config import ApiKeyConfig, BudgetConfig
-from policies.quotas import QuotaHold, Quotas, Refusal, period_bounds
+from policies.limits.quotas import QuotaHold, Quotas, Refusal, period_bounds
 from router.app import RunningGateway
 from tests.support import (
     MESSAGES,

@@ -14,7 +14,7 @@ hold more than its slots (the model is tests/support/lua_model.py).
 
 A `fair` pool's scripts (policies/slots/lua_fair.py) run the same steps against the model
 of tests/support/lua_fair_model.py: newcomers of a few tenants and weights, each class's
-line in the order of `policies.fairness`, renewals and releases charging answer tokens,
+line in the order of `policies.limits.fairness`, renewals and releases charging answer tokens,
 and Redis's counters, shares and tenants' index equal to the model's.
 """
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from policies.admission import RejectReason
 from policies.config import ServerConfig
+from policies.scheduler.admission import RejectReason
 from router.app import RunningGateway
 from router.console.pages import PAGES
 from router.request import rejections

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from policies.holds import HoldTimeModel
+from policies.clock.holds import HoldTimeModel
 from policies.slots import LocalLease, LocalSlotPool, QueueTimeout
 
 

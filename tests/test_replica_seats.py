@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from policies.breaker import CircuitBreaker
-from policies.holds import HoldTimeModel
+from policies.clock.holds import HoldTimeModel
+from policies.health.breaker import CircuitBreaker
 from policies.slots import LocalLease, LocalSlotPool, Seats
 from policies.slots.coordinator import RedisCoordinator
 from policies.slots.failover import FailoverPool

@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from router.app import RunningGateway, start_gateway
-from router.config import ConfigError, config_from_dict, load_config
+from router.common.config_error import ConfigError
+from router.config import config_from_dict, load_config
 from router.reload import reload_file
 from tests.support import (
     MESSAGES,

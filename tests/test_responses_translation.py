@@ -18,7 +18,7 @@ from router.apis.responses_answer import Echo, to_response
 from router.apis.responses_request import to_chat
 from router.apis.responses_stream import ResponseStream
 from router.apis.responses_tools import Called, Unsupported, chat_tools, tool_names
-from router.sse import Usage
+from router.common.usage import Usage
 from tests.support.responses import (
     WEATHER,
     accumulate,

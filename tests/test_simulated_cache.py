@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.config import BackendConfig, SimulatedSpec
-from policies.prefix import block_hashes, request_text
+from policies.scheduler.prefix import block_hashes, request_text
 from router.cli import simulate_main
 from router.upstream.simulated.app import RunningSim, _plan, start_simulator
 from router.upstream.simulated.cache import PrefixCache

@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from policies.answers import AnswerModel, hints
+from policies.clock.answers import AnswerModel, hints
+from policies.clock.lengths import OUTPUT_PRIOR, WINDOW
+from policies.clock.slo import Verdict, objective_s, verdict
+from policies.clock.ttft import first_byte_s, predict_ttft_s
 from policies.config import BackendConfig, Priority
-from policies.lengths import OUTPUT_PRIOR, WINDOW
-from policies.slo import Verdict, objective_s, verdict
-from policies.ttft import first_byte_s, predict_ttft_s
 from router.app import start_gateway
-from router.config import ConfigError, check_main, config_from_dict, load_config, parse_config
+from router.common.config_error import ConfigError
+from router.config import check_main, config_from_dict, load_config, parse_config
 from router.reload import ReloadRefused, reload_file
 from router.request.options import expected_output
 from tests.support import MESSAGES, SdkClients, assert_idle, sim_backend

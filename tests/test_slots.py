@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.clock.holds import HoldTimeModel
 from policies.config import Priority
-from policies.holds import HoldTimeModel
 from policies.slots import LocalLease, LocalSlotPool, LocalTicket, QueueTimeout
 
 

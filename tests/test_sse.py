@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, Usage, comment
+from router.common.sse import MAX_EVENT_BYTES, EventRelay, EventTooLarge, comment
+from router.common.usage import Usage
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}\n\n'
 USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,'

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 
 from policies.config import TracingConfig
-from router.record import RequestRecord, new_id
+from router.common.record import RequestRecord, new_id
 from router.tracing.export import http_exporter
 from router.tracing.otel import SCOPE, DropWarnings, Tracer, readable
 from router.tracing.otlp_http import OtlpHttpExporter

@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, HttpUrl, field_validator, model_validator
 
 from policies.apis import DEFAULT_APIS, SIMULATED_APIS, Api
-from policies.capabilities import Ability, Capability
 from policies.config.base import PositiveSeconds, StrictModel
-from policies.pick import EPSILON, PickMode
-from policies.prefix import BLOCK_BYTES
+from policies.scheduler.capabilities import Ability, Capability
+from policies.scheduler.pick import EPSILON, PickMode
+from policies.scheduler.prefix import BLOCK_BYTES
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENDPOINT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # a metric label and a header value
@@ -34,7 +34,8 @@ class SimulatedSpec(StrictModel):
     output_tokens_spread: float = Field(default=0.0, ge=0, le=1)  # uniform +/- fraction of the mean
     seed: int | None = None
     # A prefix cache of this many tokens (0: none): a prompt's blocks found in it skip prefill.
-    # Tokens are counted at 4 bytes of the rendered prompt each, as `policies.prefix` hashes it.
+    # Tokens are counted at 4 bytes of the rendered prompt each, as `policies.scheduler.prefix`
+    # hashes it.
     prefix_cache_tokens: int = Field(default=0, ge=0, le=100_000_000)
     cache_block_tokens: int = Field(default=16, ge=1, le=65_536)  # tokens per cached block
     # The context window (prompt and max_tokens together), None: unbounded. Beyond it the
@@ -235,7 +236,7 @@ class BackendConfig(StrictModel):
 
     @property
     def ability(self) -> Ability:
-        """What this backend serves, as `policies.capabilities` reads it."""
+        """What this backend serves, as `policies.scheduler.capabilities` reads it."""
         return Ability(frozenset(self.capabilities), self.context_window, self.served_apis)
 
     def replicas(self, backend: str) -> tuple[EndpointConfig, ...]:

@@ -36,7 +36,7 @@ class FallbackWhen(enum.StrEnum):
     ALWAYS = "always"  # every simple request, whatever the load
     NEVER = "never"  # only overflow (primary queue full) uses the fallbacks
     # while the primary has no free slot: the cheapest of waiting, the small model or an
-    # overflow backend that meets the class's TTFT objective (`policies.objective`)
+    # overflow backend that meets the class's TTFT objective (`policies.scheduler.objective`)
     OBJECTIVE = "objective"
 
 

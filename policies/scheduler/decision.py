@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.admission import RejectReason
+from policies.scheduler.admission import RejectReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Container, Mapping, Sequence
 from typing import Protocol
 
-from policies.admission import Reject, RejectReason
-from policies.admission import Wait as Queue
-from policies.admission import decide as admit
 from policies.config import FallbackWhen, Overflow, Priority, RouteConfig, RouteFallbackConfig
-from policies.fallback import (
+from policies.scheduler.admission import Reject, RejectReason
+from policies.scheduler.admission import Wait as Queue
+from policies.scheduler.admission import decide as admit
+from policies.scheduler.decision import Decision, Refuse, Run, Wait
+from policies.scheduler.fallback import (
     Candidate,
     Move,
     RequestFacts,
@@ -41,9 +42,8 @@ from policies.fallback import (
     retry_on,
     without,
 )
-from policies.fallback import decide as steer
-from policies.objective import Choice, Option, OptionKind, choose, qualifies
-from policies.scheduler.decision import Decision, Refuse, Run, Wait
+from policies.scheduler.fallback import decide as steer
+from policies.scheduler.objective import Choice, Option, OptionKind, choose, qualifies
 from policies.slots import PoolSnapshot
 
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from policies.clock.forecast import Progress
 from policies.config import Priority
-from policies.forecast import Progress
 
 SHEDDABLE = Priority.SHEDDABLE.rank
 

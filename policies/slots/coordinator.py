@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from policies.breaker import BreakerState, CircuitBreaker
+from policies.health.breaker import BreakerState, CircuitBreaker
 from policies.slots.base import CircuitOpen, CoordinationBusy, CoordinationError
 from policies.slots.lua import ACQUIRE, ENQUEUE, POLL, RELEASE, RENEW, WITHDRAW
 from policies.slots.lua_fair import (

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policies.breaker import BreakerState
 from policies.config import Priority
+from policies.health.breaker import BreakerState
 from policies.slots.base import (
     CoordinationError,
     Lease,

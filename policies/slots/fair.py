@@ -1,6 +1,6 @@
 """A local pool's `fair` line: within a priority class, the next slot goes to the tenant
 with the least weighted tokens served on the pool, first come, first served within a
-tenant (the rules: `policies.fairness`).
+tenant (the rules: `policies.limits.fairness`).
 
 `FairShares` keeps one pool's counters. A tenant that lines up with none of its own
 waiting is lifted; a grant charges its prompt; a running answer counts the relay's tokens
@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from itertools import chain
 
-from policies.fairness import MAX_TENANTS, Counters, Waiter, expected_tokens, order, pick
+from policies.limits.fairness import MAX_TENANTS, Counters, Waiter, expected_tokens, order, pick
 from policies.slots.base import FORECAST_TTL_S, Clock, Share
 from policies.slots.local_tickets import LocalLease, LocalTicket
 

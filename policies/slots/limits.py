@@ -1,5 +1,5 @@
 """SharedQuotas: the per-key limits held in Redis for every process and replica
-(`coordination.mode: redis`), the model of `policies.limits` run by the scripts of
+(`coordination.mode: redis`), the model of `policies.limits.model` run by the scripts of
 `policies.slots.limits_lua`.
 
 A request reserves its estimate at admission (one RESERVE call) and settles what it used
@@ -14,7 +14,7 @@ soon as Redis answers again, so a blip locks no key out for longer than the blip
 
 While Redis is away (a failed call, or the breaker open): `fail_closed` refuses
 (`coordination_unavailable`, 503 + Retry-After); `fail_open_local` admits by this
-process's own book (`policies.quotas.Quotas`, each key's concurrency, rpm and tpm cut to
+process's own book (`policies.limits.quotas.Quotas`, each key's concurrency, rpm and tpm cut to
 1/expected_replicas, budgets whole against the spend this process knows: the ledger's at
 its start plus what it settled since).
 """
@@ -30,11 +30,11 @@ from collections.abc import Iterable, Mapping
 
 from redis.exceptions import RedisError
 
-from policies.admission import RejectReason
 from policies.config import ApiKeyConfig
-from policies.limits import Budget, Limit, Limits
-from policies.limits import Refusal as ModelRefusal
-from policies.quotas import QuotaHold, Quotas, Refusal, refusal
+from policies.limits.model import Budget, Limit, Limits
+from policies.limits.model import Refusal as ModelRefusal
+from policies.limits.quotas import QuotaHold, Quotas, Refusal, refusal
+from policies.scheduler.admission import RejectReason
 from policies.slots.base import CircuitOpen, CoordinationBusy, CoordinationError
 from policies.slots.coordinator import RedisCoordinator
 from policies.slots.limits_lua import (

@@ -1,5 +1,5 @@
 """The Lua scripts behind the shared per-key limits (`policies.slots.limits`): each step
-(reserve, renew, settle, seed) is one atomic script mirroring `policies.limits`.
+(reserve, renew, settle, seed) is one atomic script mirroring `policies.limits.model`.
 
 Every script works on the keys of one client key, which share a hash tag
 (`{prefix:limits:<key id>}`, Redis Cluster safe), in this order:

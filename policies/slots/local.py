@@ -18,10 +18,10 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from policies.answers import AnswerModel
+from policies.clock.answers import AnswerModel
+from policies.clock.forecast import line_starts
+from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
-from policies.forecast import line_starts
-from policies.holds import HoldTimeModel
 from policies.slots.base import (
     FORECAST_TTL_S,
     SHEDDABLE,

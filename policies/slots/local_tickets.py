@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from policies.forecast import Progress
+from policies.clock.forecast import Progress
 from policies.slots.base import Clock, QueueTimeout, Share
 
 

@@ -1,7 +1,7 @@
 """The Lua scripts of a shared pool whose line is `fair` (`queue_order: fair`).
 
 The same steps as `policies.slots.lua` (whose header lists every key, KEYS[12..16] being
-this line's own), with the rules of `policies.fairness` applied inside them, so the share
+this line's own), with the rules of `policies.limits.fairness` applied inside them, so the share
 is fair across every gateway process: among the waiters of one class, a freed slot goes
 to the head of the tenant with the least weighted tokens served (ties: the earliest
 arrival), first come, first served within a tenant; classes first. A tenant is a string

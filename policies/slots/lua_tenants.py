@@ -1,7 +1,7 @@
 """The Lua helpers of a `fair` shared line's scripts (`policies.slots.lua_fair`), run
 after `policies.slots.lua`'s PRELUDE: the tenants' counters (KEYS[12]), each ticket's or
 lease's share (KEYS[13]), the tenants' index of the waiters (KEYS[14], KEYS[15]) and the
-fair order of one class (`policies.fairness.order`), pick by pick: a binary heap of the
+fair order of one class (`policies.limits.fairness.order`), pick by pick: a binary heap of the
 waiting tenants' heads, the least counter first (ties: the earliest arrival), each pick
 charged its expected tokens in the heap, not in Redis; the head after a pick is one
 ZRANGEBYLEX on the index, O(log n).
@@ -109,7 +109,7 @@ local function head(rank, tenant, after, at)
   return {at, tonumber(seq), tenant, m, id}
 end
 
--- class `rank`'s fair order (policies.fairness.order): the ids picked until `want` are
+-- class `rank`'s fair order (policies.limits.fairness.order): the ids picked until `want` are
 -- picked and the `left` ids of `targets` are placed, or `places` are picked
 local function class_order(rank, tenants, want, targets, left, places)
   local heap = {}

@@ -26,12 +26,12 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from policies.answers import AnswerModel
-from policies.breaker import BreakerState
+from policies.clock.answers import AnswerModel
+from policies.clock.forecast import line_starts, seen_here
+from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
-from policies.fairness import MAX_TENANTS, expected_tokens
-from policies.forecast import line_starts, seen_here
-from policies.holds import HoldTimeModel
+from policies.health.breaker import BreakerState
+from policies.limits.fairness import MAX_TENANTS, expected_tokens
 from policies.slots.base import (
     FORECAST_TTL_S,
     CoordinationError,

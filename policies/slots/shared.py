@@ -9,8 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from policies.forecast import Progress
-from policies.holds import HoldTimeModel
+from policies.clock.forecast import Progress
+from policies.clock.holds import HoldTimeModel
 from policies.slots.base import CoordinationError, QueueTimeout
 from policies.slots.coordinator import RedisCoordinator
 from policies.slots.seating import GroupView

@@ -11,16 +11,18 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from policies.capabilities import body_tokens
 from policies.config import ServerConfig
+from policies.scheduler.capabilities import body_tokens
 from router.apis import context_window
 from router.apis.anthropic_answer import to_message
 from router.apis.anthropic_request import Unsupported, to_chat
 from router.apis.anthropic_stream import PING, MessageStream, event
 from router.apis.dialect import Dialect, Relay
-from router.openai_api import ApiError, Endpoint, ParsedRequest, invalid, parse_request
+from router.common.errors import ApiError, invalid
+from router.common.parsed import Endpoint, ParsedRequest
+from router.common.usage import Usage
+from router.openai_api import parse_request
 from router.request.json_bounds import check_bounds
-from router.sse import Usage
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",

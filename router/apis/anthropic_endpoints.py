@@ -11,13 +11,9 @@ from typing import Any
 from aiohttp import web
 
 from router.apis.anthropic import ANTHROPIC, input_estimate, parse_messages
+from router.common.errors import ApiError
 from router.gateway import GATEWAY
-from router.openai_api import (
-    ApiError,
-    check_content_encoding,
-    check_content_type,
-    read_body,
-)
+from router.openai_api import check_content_encoding, check_content_type, read_body
 from router.request.big_body import BIG_BODY
 from router.request.body import BodyHold
 

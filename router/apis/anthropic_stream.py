@@ -12,7 +12,7 @@ import orjson
 
 from router.apis.anthropic_answer import stop_reason
 from router.apis.chunks import ChunkTranslator
-from router.sse import Usage
+from router.common.usage import Usage
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -24,7 +24,7 @@ PING = event("ping", {"type": "ping"})
 
 
 class MessageStream(ChunkTranslator):
-    """Feed chat SSE bytes in; get back the Anthropic events to send (router.sse's relay
+    """Feed chat SSE bytes in; get back the Anthropic events to send (router.common.sse's relay
     shape). Only the first choice is translated."""
 
     __slots__ = ("_block", "_done", "_finish", "_index", "_input_estimate", "_matched",

@@ -1,5 +1,5 @@
 """The part every translated stream shares: an engine's chat SSE bytes cut into whole
-events (bounded, as `router.sse` bounds them), each handed to the dialect's translation,
+events (bounded, as `router.common.sse` bounds them), each handed to the dialect's translation,
 with its opening said before anything else and its ending after the engine's last event.
 """
 
@@ -9,13 +9,14 @@ from typing import Any
 
 import orjson
 
-from router.sse import MAX_EVENT_BYTES, EventTooLarge, Usage
+from router.common.sse import MAX_EVENT_BYTES, EventTooLarge
+from router.common.usage import Usage
 
 _BOUNDARY = b"\n\n"
 
 
 class ChunkTranslator:
-    """Feed chat SSE bytes in, get the translated events out (router.sse's relay shape).
+    """Feed chat SSE bytes in, get the translated events out (router.common.sse's relay shape).
     A dialect's stream says what its opening (`_start`), the first choice of each engine
     chunk (`_choice`) and its ending (`_end`) become; the engine's usage goes to `usage`."""
 

@@ -15,12 +15,15 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from policies.config import ServerConfig
-from router.openai_api import ApiError, Endpoint, ParsedRequest, parse_request
-from router.sse import Usage, queue_frame, start_frame
+from router.common.errors import ApiError
+from router.common.parsed import Endpoint, ParsedRequest
+from router.common.sse import queue_frame, start_frame
+from router.common.usage import Usage
+from router.openai_api import parse_request
 
 
 class Relay(Protocol):
-    """Engine stream bytes in, client stream bytes out (router.sse.EventRelay's shape)."""
+    """Engine stream bytes in, client stream bytes out (router.common.sse.EventRelay's shape)."""
 
     def feed(self, chunk: bytes) -> bytes: ...
 

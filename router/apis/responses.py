@@ -17,16 +17,18 @@ from typing import Any
 import orjson
 
 from policies.apis import Api
-from policies.capabilities import body_tokens
 from policies.config import Config, HostedTools, ServerConfig
+from policies.scheduler.capabilities import body_tokens
 from router.apis.dialect import OPENAI, Dialect, Relay
 from router.apis.responses_answer import Echo, to_response
 from router.apis.responses_request import to_chat
 from router.apis.responses_stream import ResponseStream
 from router.apis.responses_tools import Unsupported, tool_names
-from router.openai_api import Endpoint, ParsedRequest, invalid, parse_request
+from router.common.errors import invalid
+from router.common.parsed import Endpoint, ParsedRequest
+from router.common.usage import Usage
+from router.openai_api import parse_request
 from router.request.json_bounds import check_bounds
-from router.sse import Usage
 
 # What a response object echoes of its request.
 _ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls",

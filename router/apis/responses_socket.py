@@ -21,9 +21,10 @@ import orjson
 from aiohttp import web
 
 from policies.apis import Api
+from router.common.errors import ApiError
+from router.common.parsed import Endpoint
+from router.common.record import RequestRecord, key_id, new_id, request_id
 from router.gateway import GATEWAY
-from router.openai_api import ApiError, Endpoint
-from router.record import RequestRecord, key_id, new_id, request_id
 from router.request.access_log import log_refused
 
 log = logging.getLogger("slotgate.access")

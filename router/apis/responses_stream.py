@@ -26,11 +26,11 @@ from router.apis.responses_answer import (
     status_of,
     usage_of,
 )
-from router.sse import Usage
+from router.common.usage import Usage
 
 
 class ResponseStream(ChunkTranslator):
-    """Feed chat SSE bytes in; get back the Responses events to send (router.sse's relay
+    """Feed chat SSE bytes in; get back the Responses events to send (router.common.sse's relay
     shape). Only the first choice is translated."""
 
     __slots__ = ("_call", "_calls", "_done", "_echo", "_finish", "_input_estimate", "_item",

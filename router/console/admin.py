@@ -8,9 +8,9 @@ import time
 import orjson
 from aiohttp import web
 
+from router.common.errors import ApiError
 from router.gateway import GATEWAY
 from router.ledger.base import RowFilter
-from router.openai_api import ApiError
 
 _MAX_TEXT = 256
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from policies.admission import RejectReason
 from policies.config import Public
+from policies.scheduler.admission import RejectReason
+from router.common.errors import not_found
+from router.common.sse import SSE_HEADERS
 from router.console.shares import tenant_shares
 from router.gateway import GATEWAY, Gateway
-from router.openai_api import not_found
-from router.sse import SSE_HEADERS
 
 WEB_DIR = Path(__file__).with_name("web")
 MAX_SUBSCRIBERS = 100  # dashboards connected at once; the next one gets 503

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from router.record import RequestRecord
+from router.common.record import RequestRecord
 
 TenantRow = dict[str, object]  # {"tenant", "tokens", "share", "waiting"}
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from policies.config import LedgerConfig
-from router.config import from_env
+from router.common.config_error import from_env
 from router.ledger.base import Ledger, Store
 from router.ledger.sqlite import SQLiteStore
 

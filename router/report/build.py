@@ -56,8 +56,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from policies.admission import RejectReason
-from policies.failures import FailureKind, code
+from policies.health.failures import FailureKind, code
+from policies.scheduler.admission import RejectReason
 from router.ledger.base import LedgerRow
 from router.report.apis import api_breakdown
 from router.report.slo import slo_breakdown

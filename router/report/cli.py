@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from policies.config import Config
-from router.config import ConfigError, from_env, load_config
+from router.common.config_error import ConfigError, from_env
+from router.config import load_config
 from router.ledger.base import LedgerRow, RowFilter
 from router.report.build import NONE_GROUP, build_report, parse_when
 from router.report.render import render_csv, render_html, render_json, render_text

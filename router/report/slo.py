@@ -1,6 +1,6 @@
 """The TTFT objectives' attainment in `slotgate report`: per experiment arm and per class.
 
-Rows are judged as the gateway judged them (`policies.slo.verdict`): attained when the
+Rows are judged as the gateway judged them (`policies.clock.slo.verdict`): attained when the
 first token came within the row's objective (`ttft_ms <= slo_ttft_ms`), missed when it
 came later or never came (rejected, timed out, failed), not judged when the client left
 before its objective was due and before a first token. Rows without an objective (written
@@ -17,8 +17,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from policies.clock.slo import Verdict, verdict
 from policies.config import Priority
-from policies.slo import Verdict, verdict
 from router.ledger.base import LedgerRow
 
 ALL_CLASSES = "all"

@@ -7,7 +7,7 @@ before reaching a backend: their 429s count against the pool they asked for), el
 the backend's tokens) and `weight` (from the config's keys, None when unknown). At most
 TENANT_ROWS tenants are listed, most tokens first; the rest are folded into "(more)".
 
-`fairness` is Jain's index (policies.jain) over the tokens of every tenant of the
+`fairness` is Jain's index (policies.limits.jain) over the tokens of every tenant of the
 backend ("(none)" is no tenant), divided by their weights when every one is known
 (`weighted`: true); else over the tokens as served. Present when some row has a tenant.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from policies.config import ApiKeyConfig
-from policies.jain import jain
+from policies.limits.jain import jain
 from router.ledger.base import LedgerRow
 
 NONE_GROUP = "(none)"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import orjson
 
-from router.record import RequestRecord
+from router.common.record import RequestRecord
 
 
 class LogSampler:

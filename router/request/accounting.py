@@ -9,19 +9,19 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from policies.answers import AnswerModel
 from policies.apis import GENERATIVE_APIS
-from policies.failures import FailureKind
-from policies.pricing import SlotTimeModel
-from router.record import Phase
+from policies.clock.answers import AnswerModel
+from policies.health.failures import FailureKind
+from policies.pricing.costs import SlotTimeModel
+from router.common.record import Phase
 from router.request.usage import ledger_row
 
 if TYPE_CHECKING:
     from policies.config import Config
-    from policies.quotas import QuotaHold, Quotas
+    from policies.limits.quotas import QuotaHold, Quotas
     from policies.slots.limits import SharedQuotas
+    from router.common.record import RequestRecord
     from router.ledger.base import Ledger
-    from router.record import RequestRecord
     from router.telemetry.metrics import Metrics
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from policies.config import AuthConfig, KeyScope, Priority, Public
-from router.config import ConfigError, ConfigProblem
-from router.openai_api import ApiError
+from router.common.config_error import ConfigError, ConfigProblem
+from router.common.errors import ApiError
 
 
 @dataclass(frozen=True, slots=True)

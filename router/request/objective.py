@@ -2,9 +2,9 @@
 
 `assign` sets the objective once the route is known; `predict` sets the forecast when
 the request is first admitted (the one place it is made: the backend's answer model says
-how soon a slot gives a first byte, `policies.ttft` how a prediction is made, so a better
+how soon a slot gives a first byte, `policies.clock.ttft` how a prediction is made, so a better
 queue forecast changes only what is passed in here); `first_token` judges it when its
-first byte arrives, `settle` when it ends without one (see `policies.slo` for the rule).
+first byte arrives, `settle` when it ends without one (see `policies.clock.slo` for the rule).
 Each request is judged at most once. Nothing is learnt at the first byte: the answer
 model learns a stream's first-token time from the same span when the answer ends
 (`accounting.learn`).
@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from policies.clock.slo import objective_s, verdict
+from policies.clock.ttft import first_byte_s, predict_ttft_s
 from policies.config import Config, Priority, RouteConfig
-from policies.slo import objective_s, verdict
-from policies.ttft import first_byte_s, predict_ttft_s
 
 if TYPE_CHECKING:
     from router.backend import Backend
-    from router.record import RequestRecord
+    from router.common.record import RequestRecord
     from router.telemetry.metrics import Metrics
 
 

@@ -1,5 +1,5 @@
 """The places a request on an objective-driven route (`fallback.when: objective`) could go,
-each with its predicted time to first token and cost, for `policies.objective.choose`.
+each with its predicted time to first token and cost, for `policies.scheduler.objective.choose`.
 
 A fallback serving the primary's own `model` is an overflow (no downgrade); any other is
 the small model. Each option's TTFT is the time the request has already spent, plus its
@@ -18,18 +18,18 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from policies.capabilities import Lack, lack
-from policies.lengths import OUTPUT_PRIOR
-from policies.objective import Option, OptionKind
-from policies.pricing import request_cost
+from policies.clock.lengths import OUTPUT_PRIOR
+from policies.pricing.costs import request_cost
+from policies.scheduler.capabilities import Lack, lack
+from policies.scheduler.objective import Option, OptionKind
 from router.request.objective import expected_first_byte_s
 
 if TYPE_CHECKING:
-    from policies.answers import AnswerModel
+    from policies.clock.answers import AnswerModel
     from policies.config import RouteConfig
     from router.backend import Backend
+    from router.common.parsed import ParsedRequest
     from router.exchange import Exchange
-    from router.openai_api import ParsedRequest
 
 def options(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> list[Option]:
     """The primary's option, then each fallback's, in the route's order."""

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from policies.apis import Api
 from policies.config import RouteConfig
-from policies.pricing import request_cost
-from policies.quotas import QuotaHold
+from policies.limits.quotas import QuotaHold
+from policies.pricing.costs import request_cost
 
 if TYPE_CHECKING:
+    from router.common.parsed import ParsedRequest
     from router.exchange import Exchange
-    from router.openai_api import ParsedRequest
 
 DEFAULT_ANSWER_TOKENS = 4096  # the answer's estimate when a request sets no max_tokens
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-from policies.admission import RejectReason
 from policies.config import ServerConfig
-from router.openai_api import ApiError
+from policies.scheduler.admission import RejectReason
+from router.common.errors import ApiError
 from router.telemetry.metrics import NO_BACKEND, Metrics
 
 _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {

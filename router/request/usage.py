@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 
 from classifier.text import request_text
 from policies.apis import Api
-from policies.capabilities import estimate_tokens
 from policies.config import Config
-from policies.pricing import SlotTimeModel, request_cost
+from policies.pricing.costs import SlotTimeModel, request_cost
+from policies.scheduler.capabilities import estimate_tokens
+from router.common.usage import Usage
 from router.ledger.base import LedgerRow
 from router.request.embeddings import input_text
-from router.sse import Usage
 
 if TYPE_CHECKING:
-    from router.openai_api import ParsedRequest
-    from router.record import RequestRecord
+    from router.common.parsed import ParsedRequest
+    from router.common.record import RequestRecord
 
 CLIENT_CLOSED = 499  # the status a ledger row gets when the client left before the answer
 # The margins an engine's usage is allowed over the gateway's own figures: a prompt of up to

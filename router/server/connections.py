@@ -17,9 +17,9 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Protocol
 
-from policies.admission import RejectReason
 from policies.config import ServerConfig
-from router.openai_api import ApiError
+from policies.scheduler.admission import RejectReason
+from router.common.errors import ApiError
 from router.request.access_log import LogSampler
 from router.request.rejections import answer
 

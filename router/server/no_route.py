@@ -16,9 +16,9 @@ import orjson
 from aiohttp import web
 from aiohttp.web_urldispatcher import MatchInfoError, UrlMappingMatchInfo
 
+from router.common.errors import ApiError, not_found
+from router.common.record import new_id, request_id
 from router.gateway import GATEWAY
-from router.openai_api import ApiError, not_found
-from router.record import new_id, request_id
 
 access = logging.getLogger("slotgate.access")
 _SHOWN = 256  # characters of a method or path written to the log

@@ -27,9 +27,10 @@ from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
 from policies.config import ServerConfig
+from router.common.errors import ApiError, too_large
+from router.common.record import new_id
 from router.gateway import GATEWAY
-from router.openai_api import ApiError, check_content_encoding, check_content_type, too_large
-from router.record import new_id
+from router.openai_api import check_content_encoding, check_content_type
 from router.request.auth import AUTH_FAILURES
 from router.server.connections import ConnectionGuard, fd_budget
 from router.server.no_route import log_unrouted

@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.admission import RejectReason
+from policies.clock.slo import Verdict
 from policies.config import Config, Priority
-from policies.failures import METRIC_KINDS, FailureKind, metric_kind
-from policies.pick import PickReason
-from policies.slo import Verdict
-from router.record import Phase
+from policies.health.failures import METRIC_KINDS, FailureKind, metric_kind
+from policies.scheduler.admission import RejectReason
+from policies.scheduler.pick import PickReason
+from router.common.record import Phase
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.tallies import Labels, Spread, Tally
 from router.telemetry.zeros import STATUS_CLASSES, Labelled, Scope, rescope
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from policies.slots import SlotPool
+    from router.common.record import RequestRecord
     from router.ledger.base import Ledger
-    from router.record import RequestRecord
 
 # LLM latencies: from a quick first token to a two-minute answer.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
@@ -107,7 +107,7 @@ class Metrics:
         self.prefix_lookups = Tally("slotgate_prefix_lookups", "A group's prompt prefixes "
                                     "looked up in its affinity table, by whether a replica "
                                     "was known to hold one", ["backend", "result"])
-        # TTFT objectives (policies.slo): each request judged once, per backend and class.
+        # TTFT objectives (policies.clock.slo): each request judged once, per backend and class.
         self.slo_attained = Tally("slotgate_slo_attained", "Requests whose first token came "
                                   "within their class's TTFT objective", ["backend", "class"])
         self.slo_missed = Tally("slotgate_slo_missed", "Requests whose first token came late, "

@@ -20,7 +20,8 @@ from typing import Any, TextIO
 import yaml
 
 from policies.config import BackendConfig, Config, SimulatedSpec
-from router.config import DEFAULT_CONFIG_PATH, ConfigError, config_from_dict, load_config
+from router.common.config_error import ConfigError
+from router.config import DEFAULT_CONFIG_PATH, config_from_dict, load_config
 from router.tools.run import loop_factory
 from router.tools.workload import LoadPlan, Outcome, Stats, load_prompts, run_load
 

@@ -34,7 +34,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from policies.config import OtlpProtocol, TracingConfig
-from router.record import RequestRecord
+from router.common.record import RequestRecord
 from router.tracing.context import tracestate_within
 from router.tracing.export import grpc_exporter, http_exporter
 from router.tracing.spans import RequestTrace, SpanFacts

@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple, Protocol
 
-from policies.admission import RejectReason
-from router.record import RequestRecord
+from policies.scheduler.admission import RejectReason
+from router.common.record import RequestRecord
 
 # Span kinds as OTLP numbers them (the SDK's SpanKind value + 1).
 INTERNAL, SERVER, CLIENT = 1, 2, 3

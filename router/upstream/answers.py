@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 
-from policies.capabilities import estimate_tokens
-from policies.failures import FailureKind
+from policies.health.failures import FailureKind
+from policies.scheduler.capabilities import estimate_tokens
 from router.apis.dialect import Relay
-from router.openai_api import Endpoint
-from router.sse import Usage
+from router.common.parsed import Endpoint
+from router.common.usage import Usage
 from router.upstream.failures import UpstreamFailure
 from router.upstream.response import Response
 

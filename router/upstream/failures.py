@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policies import failures
-from policies.failures import FailureKind
-from router.openai_api import ApiError
+from policies.health import failures
+from policies.health.failures import FailureKind
+from router.common.errors import ApiError
 
 
 @dataclass(eq=False)

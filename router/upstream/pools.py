@@ -9,8 +9,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from policies.answers import AnswerModel, hints
-from policies.breaker import CircuitBreaker
+from policies.clock.answers import AnswerModel, hints
+from policies.clock.holds import HoldTimeModel
 from policies.config import (
     BackendConfig,
     CoordinationConfig,
@@ -18,9 +18,9 @@ from policies.config import (
     QueueOrder,
     RedisDown,
 )
-from policies.holds import HoldTimeModel
+from policies.health.breaker import CircuitBreaker
 from policies.slots import LocalSlotPool, SlotPool
-from router.config import from_env
+from router.common.config_error import from_env
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator

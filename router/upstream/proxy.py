@@ -21,15 +21,17 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
-from policies import failures
 from policies.config import BackendConfig
-from policies.failures import FailureKind
 from policies.headers import HOP_BY_HOP
+from policies.health import failures
+from policies.health.failures import FailureKind
 from router.apis import context_window
 from router.apis.context_window import overflow
 from router.apis.dialect import Relay, Translation
-from router.openai_api import ApiError, Endpoint
-from router.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge, Usage
+from router.common.errors import ApiError
+from router.common.parsed import Endpoint
+from router.common.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge
+from router.common.usage import Usage
 from router.upstream.answers import answer_object, opening_of, usage_from_answer
 from router.upstream.client import HttpPool
 from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, ResponseTimeout

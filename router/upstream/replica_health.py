@@ -18,9 +18,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from policies.breaker import Blame, BreakerState, CircuitBreaker
 from policies.config import BackendConfig
-from policies.failures import FailureKind
+from policies.health.breaker import Blame, BreakerState, CircuitBreaker
+from policies.health.failures import FailureKind
 from policies.slots import SlotPool
 from router.upstream.failures import UpstreamFailure
 from router.upstream.health import BackendHealth, blame

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from router.openai_api import ParsedRequest
+from router.common.parsed import ParsedRequest
 
 
 def upstream_body(parsed: ParsedRequest, upstream_model: str,

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.openai_api import ApiError
+from router.common.errors import ApiError
 from router.upstream.errors import UpstreamError
 from router.upstream.proxy import Upstream
 from router.upstream.wire import Target

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from policies.breaker import BreakerState, CircuitBreaker
+from policies.health.breaker import BreakerState, CircuitBreaker
 from router.upstream.simulated.engine import FaultMode, SimEngine
 from tests.support import (
     MESSAGES,

@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 
 from router import dispatch
-from router.openai_api import Endpoint
+from router.common.parsed import Endpoint
 from router.request.usage import CLIENT_CLOSED
 from tests.support import (
     SdkClients,

@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 
 from router.app import RunningGateway
+from router.common.record import RequestRecord
 from router.ledger.base import LedgerRow, RowFilter
 from router.ledger.open import open_store
-from router.record import RequestRecord
 from tests.engine.conftest import MODEL_ID, Engines, LlamaServer
 
 ASK: Any = [{"role": "user", "content": "Write about the history of the river."}]

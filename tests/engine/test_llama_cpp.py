@@ -22,7 +22,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from router.app import RunningGateway
-from router.record import Phase
+from router.common.record import Phase
 from tests.engine.conftest import FIGURES, Engines
 from tests.engine.gateway import (
     ASK,

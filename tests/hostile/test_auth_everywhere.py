@@ -14,7 +14,8 @@ import pytest
 
 from policies.config import Public
 from router.app import RunningGateway
-from router.config import ConfigError, config_from_dict
+from router.common.config_error import ConfigError
+from router.config import config_from_dict
 from router.console.pages import PAGES
 from tests.hostile.keys import ADMIN_KEY, KEY, bearer, scrape, value, with_auth
 from tests.support import StartGateway, assert_idle, sim_backend

@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from policies.breaker import BreakerState
+from policies.health.breaker import BreakerState
 from router.upstream.simulated.engine import FaultMode
 from tests.support import (
     MESSAGES,

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from router.app import RunningGateway
-from router.config import ConfigError, config_from_dict
+from router.common.config_error import ConfigError
+from router.config import config_from_dict
 from router.server.runner import GatewayRunner
 from tests.hostile.conftest import answered
 from tests.hostile.loops import (  # noqa: F401 - the fixture, for both loops

@@ -11,7 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.config import ConfigError, config_from_dict
+from router.common.config_error import ConfigError
+from router.config import config_from_dict
 from tests.hostile.conftest import Recorder
 from tests.support import StartGateway, assert_idle
 

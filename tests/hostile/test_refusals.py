@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 
 from policies.config import LedgerConfig
-from router.config import ConfigError, config_from_dict
+from router.common.config_error import ConfigError
+from router.config import config_from_dict
 from router.ledger.base import LedgerRow, RowFilter
 from router.ledger.open import open_ledger, open_store
 from router.request.access_log import LogSampler

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from router import attempt
-from router.openai_api import ParsedRequest
+from router.common.parsed import ParsedRequest
 from router.upstream.request_body import upstream_body
 from tests.hostile.keys import access_lines, scrape, value
 from tests.support import (

@@ -1,6 +1,6 @@
 """The reference model of a `fair` shared pool's scripts (policies/slots/lua_fair.py): the
 FIFO model (tests/support/lua_model.py) with each class's line in the order of
-`policies.fairness` and the tenants' counters kept by its `Counters`."""
+`policies.limits.fairness` and the tenants' counters kept by its `Counters`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.fairness import Counters, Waiter, order
+from policies.limits.fairness import Counters, Waiter, order
 from tests.support.lua_model import Model
 
 CLASSES = 3

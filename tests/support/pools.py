@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
-from policies.answers import AnswerModel
-from policies.breaker import CircuitBreaker
+from policies.clock.answers import AnswerModel
+from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
-from policies.holds import HoldTimeModel
+from policies.health.breaker import CircuitBreaker
 from policies.slots import Lease, LocalSlotPool, SlotPool, Ticket
 from policies.slots.coordinator import RedisCoordinator
 from policies.slots.redis import RedisSlotPool

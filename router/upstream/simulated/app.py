@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 
 from policies.config import SimulatedSpec
-from policies.prefix import block_hashes, request_text
+from policies.scheduler.prefix import block_hashes, request_text
 from router.upstream.simulated.embed import embed_plan
 from router.upstream.simulated.engine import FaultMode, SimEngine, error_response
 from router.upstream.simulated.metrics import CONTENT_TYPE, exposition

@@ -2,7 +2,7 @@
 prompt sharing a prefix with a recent one prefills only the rest, as vLLM's automatic
 prefix caching does.
 
-Blocks are named by `policies.prefix.block_hashes` (chained: a hash names its whole
+Blocks are named by `policies.scheduler.prefix.block_hashes` (chained: a hash names its whole
 prefix), so the gateway's affinity table and the engine agree on what a shared prefix is.
 """
 

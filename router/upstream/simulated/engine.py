@@ -26,7 +26,7 @@ from router.upstream.simulated.reply import Plan, ending, frames
 from router.upstream.simulated.text import WORD_JSON, WORDS, cut
 
 _MAX_RECORDS = 10_000
-# An engine's own stream headers (as vLLM sends them), not the gateway's (router.sse).
+# An engine's own stream headers (as vLLM sends them), not the gateway's (router.common.sse).
 _ENGINE_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 

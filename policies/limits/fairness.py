@@ -20,7 +20,7 @@ import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.lengths import OUTPUT_PRIOR
+from policies.clock.lengths import OUTPUT_PRIOR
 
 MAX_TENANTS = 10_000  # counters kept per pool; the lowest idle ones go first
 

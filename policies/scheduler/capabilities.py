@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.apis import Api
-from policies.lengths import OUTPUT_PRIOR
+from policies.clock.lengths import OUTPUT_PRIOR
 
 
 class Capability(enum.StrEnum):

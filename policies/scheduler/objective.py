@@ -4,8 +4,8 @@ a snapshot of the options in, a typed choice out; no I/O, no clock.
 The options: wait for the route's primary; the small model, now or after its own line (a
 downgrade); a serverless overflow backend (the route's model class elsewhere: no
 downgrade); or, for a sheddable request, a 429 now. Each comes with its predicted time to
-first token and its predicted cost (`policies.pricing`), and what its backend lacks to
-serve the request (`policies.capabilities`).
+first token and its predicted cost (`policies.pricing.costs`), and what its backend lacks to
+serve the request (`policies.scheduler.capabilities`).
 
 The rule: the cheapest option that meets the objective. If none does, the best effort (the
 lowest predicted TTFT) for a critical or standard request; a sheddable one is shed at once,
@@ -21,8 +21,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.capabilities import Lack
 from policies.config import FallbackWhen, Priority, RouteFallbackConfig
+from policies.scheduler.capabilities import Lack
 
 
 class OptionKind(enum.StrEnum):

@@ -12,7 +12,7 @@ configured), each backend's `Standing` at one instant, and the retries in flight
 caller takes the snapshot, asks here, then takes the probe of the backend chosen (when
 the answer says so) with no await in between, so the snapshot still holds.
 
-Neither ever sends a request to a backend that cannot serve it (`policies.capabilities`:
+Neither ever sends a request to a backend that cannot serve it (`policies.scheduler.capabilities`:
 tools, vision, a JSON schema, its size in the context window); the route's primary is
 never second-guessed. Failover is told which backends may take the request (`able`).
 """
@@ -24,7 +24,8 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.apis import Api
-from policies.capabilities import (
+from policies.config import FallbackWhen, Overflow, RouteConfig, RouteFallbackConfig
+from policies.scheduler.capabilities import (
     ALL_CAPABILITIES,
     Ability,
     Capability,
@@ -34,7 +35,6 @@ from policies.capabilities import (
     serves,
     size,
 )
-from policies.config import FallbackWhen, Overflow, RouteConfig, RouteFallbackConfig
 from policies.slots import PoolSnapshot
 
 

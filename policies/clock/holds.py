@@ -2,7 +2,7 @@
 
 `HoldTimeModel` keeps a window of recent holds per pool (and per max_tokens bucket), turns
 it into a distribution with a Pareto tail past the data, and gives the `Residual` of a
-running lease: what is left of it, given its age. `policies.eta` combines these into
+running lease: what is left of it, given its age. `policies.clock.eta` combines these into
 queue waits.
 """
 

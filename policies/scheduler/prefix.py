@@ -8,7 +8,7 @@ prefix up to block i (a path in a radix tree). A trailing partial block is not h
 a conversation's hashes then extend those of every earlier turn of it.
 
 Pure: no I/O, no clock. The table is the one piece of state; picking itself is
-`policies.pick`, which takes the table's answer as an input.
+`policies.scheduler.pick`, which takes the table's answer as an input.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 
-from policies.breaker import Blame, blame_status
+from policies.health.breaker import Blame, blame_status
 
 
 class FailureKind(enum.StrEnum):

@@ -6,7 +6,7 @@ its tokens so far and its max_tokens; given its age alone where its progress is 
 here). The k-th slot to free serves place k, which then holds it for its own expected
 answer (its max_tokens), and so on: a small event simulation, exact for bursts. Until
 the engine's rates are known (a hint, or a first measured stream), the holding-time
-forecast (`policies.eta`) stands in for the whole line; where the answer model cannot
+forecast (`policies.clock.eta`) stands in for the whole line; where the answer model cannot
 tell one duration (no length to run to), the holding times stand in for it.
 """
 
@@ -17,15 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.answers import AnswerModel
-from policies.eta import predict_waits
-from policies.holds import HoldTimeModel
+from policies.clock.answers import AnswerModel
+from policies.clock.eta import predict_waits
+from policies.clock.holds import HoldTimeModel
 
 EXACT_PLACES = 512  # places simulated one by one; later ones follow at the pool's rate
 
 
 class Produced(Protocol):
-    """A stream's relay counter: one per data event relayed (router.sse.Usage is one)."""
+    """A stream's relay counter: one per data event relayed (router.common.usage.Usage is one)."""
 
     @property
     def seen_events(self) -> int: ...

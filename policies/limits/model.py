@@ -1,7 +1,7 @@
 """The per-key limits as one pure model: what a key holds, and how a request is reserved,
 renewed and settled against it. No I/O, no clock: time is passed in (ms).
 
-The local book (`policies.quotas.Quotas`) runs this model in the process; the Lua scripts
+The local book (`policies.limits.quotas.Quotas`) runs this model in the process; the Lua scripts
 of the shared book (`policies.slots.limits_lua`) mirror it step by step in Redis, on
 Redis's clock (tests/test_limits_model.py holds one to the other).
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from router.openai_api import ParsedRequest
+from router.common.parsed import ParsedRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Request ids need to be unique, not secret: a generator seeded once from the OS, rather

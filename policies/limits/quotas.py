@@ -1,4 +1,4 @@
-"""The per-key limits of one process: the model of `policies.limits` run in memory.
+"""The per-key limits of one process: the model of `policies.limits.model` run in memory.
 
 Pure bookkeeping, no I/O. `reserve` checks every limit before the request takes anything
 (a slot, a place in a queue); a refused request changes nothing. An admitted request holds
@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from policies import limits as model
-from policies.admission import RejectReason
 from policies.config import ApiKeyConfig
-from policies.limits import Book, Limit, Limits, period_bounds_ms
+from policies.limits import model
+from policies.limits.model import Book, Limit, Limits, period_bounds_ms
+from policies.scheduler.admission import RejectReason
 
 Clock = Callable[[], float]  # Unix seconds
 

@@ -1,9 +1,9 @@
 """Holding-time queue ETAs, the naive wait and the Retry-After a forecast implies.
 
 Pure: the caller owns the clock and passes hold times and lease ages in; no I/O.
-`predict_wait` combines a pool's `HoldTimeModel` (policies.holds: how long a slot is held)
+`predict_wait` combines a pool's `HoldTimeModel` (policies.clock.holds: how long a slot is held)
 with the ages of the running leases to say when the ticket at a queue position gets a slot.
-The pools forecast from the answers' progress (`policies.forecast`); this one stands in
+The pools forecast from the answers' progress (`policies.clock.forecast`); this one stands in
 until a backend's rates are known, and bench/eta_scenarios.py compares the two.
 """
 
@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.holds import HoldDistribution, HoldTimeModel
+from policies.clock.holds import HoldDistribution, HoldTimeModel
 
 TARGET_OFFSET = 0.5  # solve for k - 1/2 expected departures (~ the median k-th departure)
 TOLERANCE = 1e-3  # relative precision of a predicted wait

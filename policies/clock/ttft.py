@@ -3,7 +3,7 @@ are given).
 
 A prediction is the time the request has already spent (reading, classifying), plus its
 forecast wait for a slot, plus the backend's expected time from a slot to the first byte.
-That last part is read from the backend's answer model (`policies.answers`, the one the
+That last part is read from the backend's answer model (`policies.clock.answers`, the one the
 queue forecast reads: `AnswerModel.first_byte_s`): for a stream its first token, for a
 whole answer the first token and the decode of its expected length (capped by its
 `max_tokens`). Cold, the model holds the `rates` hint or the simulated engine's own
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policies.answers import AnswerModel
+from policies.clock.answers import AnswerModel
 
 STREAM_PRIOR_S = 1.0  # a real engine's first chunk, assumed until one is measured
 

@@ -4,7 +4,7 @@ no clock.
 Inputs are one snapshot of the group's replicas (slots, busy slots, token work in flight,
 health, an optional KV-pressure penalty), the request's token estimate, and what is known
 of where it belongs: the replica holding its longest known prompt prefix
-(`policies.prefix.AffinityTable.match`) and a session key.
+(`policies.scheduler.prefix.AffinityTable.match`) and a session key.
 
 Modes: `affinity` (the prefix a replica holds, else the session's replica, else least
 loaded), `least_loaded`, `round_robin`, `power_of_two` (the lighter of two free replicas
@@ -26,7 +26,7 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.prefix import NO_MATCH, Match
+from policies.scheduler.prefix import NO_MATCH, Match
 
 EPSILON = 1.0  # a replica may run twice the mean (less what it holds) before affinity yields
 _MASK = (1 << 64) - 1

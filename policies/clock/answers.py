@@ -4,18 +4,18 @@ from the config's hints (`rates`, or a simulated engine's own parameters). Pure,
 
 `AnswerModel.remaining_s` says what is left of a running answer given what it has
 produced; `fresh_s` how long a new one holds its slot; `first_byte_s` how soon after its
-slot a new one's first byte comes (the TTFT prediction, `policies.ttft`);
+slot a new one's first byte comes (the TTFT prediction, `policies.clock.ttft`);
 `expected_tokens` how long it runs (the cost of an option). Each is None when the model
 cannot tell (no rates known yet, or no length to run to): the caller then falls back
-on holding times (`policies.holds`) or a prior of its own.
+on holding times (`policies.clock.holds`) or a prior of its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.clock.lengths import LengthWindow, Survival, uniform
 from policies.config import BackendConfig, SimulatedSpec
-from policies.lengths import LengthWindow, Survival, uniform
 
 ALPHA = 0.2  # weight of a new measurement of the rates (the first replaces the hint)
 MIN_LENGTHS = 8  # answers measured before their lengths replace the hinted ones

@@ -1,0 +1,1 @@
+"""Where and when one request runs: admission, steering, failover, objective, replica pick."""
