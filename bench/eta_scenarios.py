@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policies.clock.answers import AnswerModel, hints
+from policies.clock.clock import Answered, Clock
 from policies.clock.eta import naive_wait, predict_wait
 from policies.clock.forecast import Running, line_starts
 from policies.clock.holds import HoldTimeModel
@@ -62,13 +63,21 @@ class Request:
 
 @dataclass
 class Models:
-    holds: HoldTimeModel = field(default_factory=lambda: HoldTimeModel(CONFIG.initial_hold_s))
-    answers: AnswerModel = field(default_factory=lambda: AnswerModel(hints(CONFIG)))
+    """The backend's clock, as the gateway's: one observation per finished answer."""
+
+    clock: Clock = field(default_factory=lambda: Clock(CONFIG.initial_hold_s, hints(CONFIG)))
+
+    @property
+    def holds(self) -> HoldTimeModel:
+        return self.clock.holds
+
+    @property
+    def answers(self) -> AnswerModel:
+        return self.clock.answers
 
     def learn(self, req: Request) -> None:
-        self.holds.observe(req.hold_s)  # as the pools do: the hold alone
-        self.answers.observe(req.tokens, req.max_tokens, ttft_s=SPEC.ttft_s,
-                             held_s=req.hold_s)
+        self.clock.observe(Answered(req.hold_s, req.max_tokens, req.tokens,
+                                    ttft_s=SPEC.ttft_s, whole=True))
 
 
 def draw(rng: random.Random, arrival: float, max_tokens: int) -> Request:
@@ -167,7 +176,7 @@ def run(scenario: Scenario, seeds: int, rounds: int, start: str) -> dict[str, li
     warm = start == "warm"
     for seed in range(seeds):
         rng = random.Random(seed)
-        models = Models() if start != "cold, no hints" else Models(answers=AnswerModel())
+        models = Models() if start != "cold, no hints" else Models(Clock(CONFIG.initial_hold_s))
         if warm:
             for req in sorted(scenario(rng, 0.0) * 8, key=lambda r: r.arrival)[:WARMUP]:
                 models.learn(req)

@@ -1,6 +1,6 @@
 """One backend as the gateway holds it: a group of engine replicas (each with its
 connections and, when simulated, its engine) behind one slot pool, with its queue
-reporter, slot-time model, move offers and the picking state (prefix affinity table,
+reporter, clock, move offers and the picking state (prefix affinity table,
 round-robin cursor), built, changed and closed as one.
 
 Its breaker lives in `BackendHealth` with the others: the retry budget and the breakers'
@@ -13,9 +13,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from policies.clock.answers import AnswerModel, hints
+from policies.clock.answers import hints
+from policies.clock.clock import Clock
 from policies.config import BackendConfig, CoordinationConfig, EndpointConfig
-from policies.pricing.costs import SlotTimeModel
 from policies.scheduler.pick import PickMode
 from policies.scheduler.prefix import AffinityTable
 from policies.slots import SlotPool
@@ -50,8 +50,7 @@ class Backend:
     replicas: dict[str, Replica]  # retired ones stay until the process ends (a few objects)
     pool: SlotPool
     reporter: QueueReporter  # positions and ETAs for the streams in its queue
-    slot_time: SlotTimeModel  # how long its answers hold a slot, by length
-    answers: AnswerModel  # its answers' rates and lengths: the queue and TTFT forecasts
+    clock: Clock  # how long its answers take: holds, rates, lengths, slot time, prefill
     offers: MoveOffers | None = None  # set when a steering route may move requests onto it
     affinity: AffinityTable | None = None  # prompt prefix -> replica, when affinity picks
     cursor: int = field(default=0)  # round robin's next turn
@@ -83,7 +82,7 @@ class Backend:
             old.upstream = Upstream(self.name, config, _base_url(endpoint, old.simulator), http,
                                     key_env=endpoint.api_key_env, replica=name)
         self.config, self.grouped = config, len(self.replicas) > 1
-        self.answers.configure(hints(config))
+        self.clock.configure(hints(config))
         self.pool.resize(config.slots, config.queue_limit,
                          {name: e.slots for name, e in wanted.items()})
         tune(self.pool, config)
@@ -115,10 +114,9 @@ async def open_backend(name: str, config: BackendConfig, coordination: Coordinat
     for endpoint in config.replicas(name):
         assert endpoint.name is not None  # named by `replicas`
         replicas[endpoint.name] = await _open_replica(name, config, endpoint)
-    answers = AnswerModel(hints(config))
-    pool = make_pool(name, config, coordination, coordinator, answers)
-    backend = Backend(name, config, replicas, pool, QueueReporter(pool),
-                      SlotTimeModel(config.initial_hold_s), answers,
+    clock = Clock(config.initial_hold_s, hints(config))
+    pool = make_pool(name, config, coordination, coordinator, clock)
+    backend = Backend(name, config, replicas, pool, QueueReporter(pool), clock,
                       affinity=_affinity(config, None))
     backend.scraper = backend.start_scraper()
     return backend

@@ -45,7 +45,7 @@ from router.openai_api import check_content_encoding, check_content_type, read_b
 from router.placement import placed, unplaced
 from router.request import objective, quota
 from router.request.access_log import log_refused
-from router.request.accounting import learn, settle
+from router.request.accounting import answered, settle
 from router.request.big_body import BIG_BODY
 from router.request.usage import CLIENT_CLOSED
 from router.upstream.failures import UpstreamFailure
@@ -320,8 +320,8 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         ex.gw.metrics.held(lease.pool, held_s)
         if work:
             unplaced(backend, lease, work)
-        if parsed.endpoint.api in GENERATIVE_APIS:  # an embedding is no answer to learn from
-            learn(backend.answers, ex.rec, parsed.max_tokens)  # before the waiters' forecasts
+        backend.clock.observe(answered(ex.rec, held_s, parsed.max_tokens,  # before the
+                                       parsed.endpoint.api in GENERATIVE_APIS))  # forecasts
         if ex.rec.completion_tokens is not None:  # what a fair line charges its tenant
             lease.charge(ex.rec.completion_tokens)
         await lease.release()

@@ -115,7 +115,7 @@ def _hold(backend: Backend, place: Placement, snapshot: Sequence[pick.Replica],
     warm = min(match.blocks * tokens_per_block, place.tokens)
     saved = min((match.blocks - other) * tokens_per_block, warm)
     return pick.hold_out(snapshot, place.tokens, match, warm,
-                         saved * backend.answers.prefill_s_per_token,
+                         saved * backend.clock.prefill_s_per_token,
                          lambda: pool.replica_wait(holder), other_s,
                          backend.config.affinity.load_bound)
 

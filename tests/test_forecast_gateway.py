@@ -69,7 +69,7 @@ async def burst(http: aiohttp.ClientSession, gw: RunningGateway) -> list[float]:
 async def test_ten_streams_at_three_slots_are_told_when_they_start(
         start: StartGateway) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=3, queue_limit=10, sim=ENGINE)))
-    answers = gw.gateway.backends["big"].answers
+    answers = gw.gateway.backends["big"].clock.answers
     async with aiohttp.ClientSession() as http:
         cold = await burst(http, gw)  # from the engine's own parameters
         assert answers.rate_samples == len(MAX_TOKENS)  # every answer taught its rates

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from policies.config import PriceConfig
-from policies.pricing.costs import SlotTimeModel, request_cost, slot_second_price
+from policies.pricing.costs import request_cost, slot_second_price
 
 
 def test_per_token_cost() -> None:
@@ -39,28 +39,3 @@ def test_no_price_is_free() -> None:
 def test_invalid_prices_are_refused(fields: dict[str, float]) -> None:
     with pytest.raises(ValidationError):
         PriceConfig(**fields)
-
-
-def test_slot_time_model_learns_a_line() -> None:
-    model = SlotTimeModel(initial_s=7.0)
-    assert model.predict(100) == 7.0  # nothing measured yet
-    for tokens in (10, 50, 100, 200):
-        model.observe(tokens, 0.5 + tokens * 0.02)  # 0.5 s to the first token, 50 tokens/s
-    assert model.predict(300) == pytest.approx(0.5 + 300 * 0.02)
-    assert model.predict(0) == pytest.approx(0.5)
-
-
-def test_slot_time_model_window_forgets() -> None:
-    model = SlotTimeModel(initial_s=1.0, window=4)
-    for tokens in (10, 20, 30, 40):
-        model.observe(tokens, tokens * 1.0)  # 1 s per token
-    for tokens in (10, 20, 30, 40):
-        model.observe(tokens, tokens * 0.1)  # the engine got 10x faster
-    assert model.predict(100) == pytest.approx(10.0)
-
-
-def test_slot_time_model_one_length_uses_the_mean() -> None:
-    model = SlotTimeModel(initial_s=1.0)
-    model.observe(64, 2.0)
-    model.observe(64, 4.0)
-    assert model.predict(640) == pytest.approx(3.0)

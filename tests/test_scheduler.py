@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from policies.admission import RejectReason
 from policies.config import FallbackWhen, Overflow, Priority, RouteConfig, RouteFallbackConfig
-from policies.fallback import Candidate, RequestFacts, Standing
-from policies.objective import Option, OptionKind
+from policies.scheduler.admission import RejectReason
 from policies.scheduler.decision import Refuse, Run, Wait
+from policies.scheduler.fallback import Candidate, RequestFacts, Standing
+from policies.scheduler.objective import Option, OptionKind
 from policies.scheduler.pipeline import decide, retry
 from policies.slots import PoolSnapshot
 

@@ -126,7 +126,7 @@ async def test_the_forecast_reads_the_backends_answer_model(
     whole answer is predicted to its last token and teaches only its length."""
     gw = await start(gateway_config(sim_backend("m", slots=1, rates={"ttft_s": 600})))
     client = sdk(gw)
-    answers = gw.gateway.backends["big"].answers
+    answers = gw.gateway.backends["big"].clock.answers
     await drain_stream(client, "cold")
     await assert_idle(gw)  # its slot is released once what it taught is learnt
     assert answers.rate_samples == 1 and answers.ttft_s is not None and answers.ttft_s < 600

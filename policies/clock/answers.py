@@ -25,10 +25,6 @@ NO_DELAY_RATE = 1e6  # tokens/s of a simulated engine without decode delay
 # max_tokens until this share of the lengths' window is new: not rebuilt per answer.
 STALE_SHARE = 1 / 32
 MEMO_SIZE = 64  # max_tokens values remembered at once
-# Seconds to prefill one prompt token, until a hint says (`rates.prefill_tokens_per_s`):
-# 10,000 tokens/s, the order of a 70B model's prefill on one 8-GPU node. What a replica's
-# prefix cache saves a request is its warm tokens at this rate.
-PREFILL_PRIOR_S_PER_TOKEN = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +34,7 @@ class Hints:
     ttft_s: float | None = None
     tokens_per_s: float | None = None
     lengths: Survival | None = None  # None: an answer runs to its max_tokens
-    prefill_s_per_token: float | None = None  # None: `PREFILL_PRIOR_S_PER_TOKEN`
+    prefill_s_per_token: float | None = None  # None: the clock's prior
 
 
 def hints(config: BackendConfig) -> Hints:
@@ -95,9 +91,8 @@ class AnswerModel:
             self.ttft_s, self.tokens_per_s = given.ttft_s, given.tokens_per_s
 
     @property
-    def prefill_s_per_token(self) -> float:
-        hinted = self._hints.prefill_s_per_token
-        return PREFILL_PRIOR_S_PER_TOKEN if hinted is None else hinted
+    def hints(self) -> Hints:
+        return self._hints
 
     @property
     def known(self) -> bool:

@@ -308,9 +308,7 @@ class LocalSlotPool:
         return waits[-1]
 
     def _release(self, lease: LocalLease) -> None:
-        now = self.clock()
         self._leases.pop(lease, None)
-        self.estimator.observe(now - lease._granted_at)
         seat = self._seats[lease.replica]
         seat.active -= 1
         self.active -= 1
@@ -319,7 +317,7 @@ class LocalSlotPool:
         if not seat.slots and not seat.active:  # a removed replica, run out
             del self._seats[lease.replica]
         if self.queued:  # (the usual release: nobody waits)
-            self._fill(now, (lease.replica,))
+            self._fill(self.clock(), (lease.replica,))
         self._changed()
 
     def _fill(self, now: float, prefer: Sequence[str]) -> None:

@@ -93,7 +93,6 @@ class RedisLease:
         self.released = True
         self._renewer.cancel()
         self._pool.mine.discard(self)
-        self._pool.estimator.observe(self.held_s)
         if not self._pool.fair:
             await self._pool.release_id(self.id)
             return

@@ -71,6 +71,7 @@ class RequestRecord:
     p_simple: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # of its prompt, the engine's prefix cache spared (reported)
     tokens_estimated: bool = False  # the backend reported no usage; the gateway counted
     usage_rejected: bool = False  # the backend's usage was out of bounds: estimated instead
     phase: Phase = Phase.ADMISSION

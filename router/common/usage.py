@@ -24,6 +24,7 @@ class Usage:
     max_prompt: int = _NO_BOUND
     max_completion: int = _NO_BOUND
     rejected: bool = False  # the backend reported counts out of bounds
+    cached_tokens: int | None = None  # prompt tokens its prefix cache spared, if it said
 
     def update(self, usage: object) -> None:
         if isinstance(usage, dict):
@@ -39,5 +40,9 @@ class Usage:
                 self.prompt_tokens = prompt
                 self.completion_tokens = completion
                 self.known = True
+                details = usage.get("prompt_tokens_details")
+                cached = details.get("cached_tokens") if isinstance(details, dict) else None
+                if type(cached) is int and 0 <= cached <= prompt:
+                    self.cached_tokens = cached
             else:
                 self.rejected = True

@@ -1,6 +1,6 @@
-"""What a finished request leaves behind: its metrics, its place among the recent
-requests, what it taught the slot-time and answer models, its key's quota settled and its
-ledger row.
+"""What a finished request leaves behind: what it taught its backend's clock (when it let
+its slot go: `answered`), then its metrics, its place among the recent requests, its
+key's quota settled and its ledger row.
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from policies.apis import GENERATIVE_APIS
-from policies.clock.answers import AnswerModel
+from policies.clock.clock import Answered, Clock
 from policies.health.failures import FailureKind
-from policies.pricing.costs import SlotTimeModel
 from router.common.record import Phase
 from router.request.usage import ledger_row
 
@@ -25,9 +23,9 @@ if TYPE_CHECKING:
     from router.telemetry.metrics import Metrics
 
 
-class HasSlotTime(Protocol):
+class HasClock(Protocol):
     @property
-    def slot_time(self) -> SlotTimeModel: ...
+    def clock(self) -> Clock: ...
 
 
 class Books(Protocol):
@@ -46,24 +44,31 @@ class Books(Protocol):
     @property
     def ledger(self) -> Ledger | None: ...
     @property
-    def backends(self) -> Mapping[str, HasSlotTime]: ...
+    def backends(self) -> Mapping[str, HasClock]: ...
 
 
-def learn(answers: AnswerModel, rec: RequestRecord, max_tokens: int | None) -> None:
-    """What an answer just ended on its slot teaches its backend's answer model: its
-    length (cut short: at least that), and for a stream its first-token time and rate."""
-    if rec.completion_tokens is None or rec.slot_at is None:
-        return  # no answer began
+def answered(rec: RequestRecord, held_s: float, max_tokens: int | None,
+             generative: bool) -> Answered:
+    """What a request that just let its slot go tells its backend's clock: its hold; for
+    an answer (`generative`: an embedding is none), its length (cut short: at least
+    that), for a stream its first-token time and, where the engine reported its cached
+    prompt tokens, the tokens it prefilled; a whole answer counted by the engine is a
+    sample of slot time by length."""
+    if not generative or rec.completion_tokens is None or rec.slot_at is None:
+        return Answered(held_s, max_tokens)  # no answer began
     if rec.phase is Phase.DONE:
         cut = False
     elif rec.phase is Phase.STREAMING:
         cut = True  # its client left, or the engine dropped it: it ran at least this long
     else:
-        return
-    ttft_s = None
+        return Answered(held_s, max_tokens)
+    ttft_s = prefilled = None
     if rec.stream and rec.ttft_ms is not None:
         ttft_s = rec.ttft_ms / 1000 - (rec.slot_at - rec.started_at)
-    answers.observe(rec.completion_tokens, max_tokens, cut, ttft_s, rec.slot_ms / 1000)
+        if rec.cached_tokens is not None and rec.prompt_tokens is not None:
+            prefilled = max(0, rec.prompt_tokens - rec.cached_tokens)
+    return Answered(held_s, max_tokens, rec.completion_tokens, cut, ttft_s,
+                    whole=not cut and not rec.tokens_estimated, prefilled=prefilled)
 
 
 def settle(books: Books, rec: RequestRecord, callers_known: bool,
@@ -83,14 +88,10 @@ def settle(books: Books, rec: RequestRecord, callers_known: bool,
             (books.shared_quotas or books.quotas).settle(quota, 0, 0.0)
         return
     books.recent.append(rec)
-    backend = books.backends.get(rec.backend) if rec.backend is not None else None
-    if (backend is not None and rec.status == 200 and not rec.tokens_estimated
-            and rec.api in GENERATIVE_APIS):  # an embedding's slot time is no answer's
-        backend.slot_time.observe(rec.completion_tokens or 0, rec.slot_ms / 1000)
     if books.ledger is None and quota is None:
         return
     primary = books.backends.get(rec.primary) if rec.primary is not None else None
-    row = ledger_row(rec, books.config, primary.slot_time if primary is not None else None)
+    row = ledger_row(rec, books.config, primary.clock if primary is not None else None)
     if quota is not None:
         used = row.prompt_tokens + row.completion_tokens
         if books.shared_quotas is not None:

@@ -57,10 +57,10 @@ def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionK
         wait_s = math.inf
     spent_s = time.perf_counter() - ex.rec.started_at
     ttft_s = spent_s + wait_s + expected_first_byte_s(backend, parsed.stream, parsed.max_tokens)
-    output = expected_output(backend.answers, parsed.max_tokens)
+    output = expected_output(backend.clock.answers, parsed.max_tokens)
     config = backend.config
     cost = request_cost(config.price, max(config.slots, 1), ex.prompt_tokens(parsed), output,
-                        backend.slot_time.predict(output))
+                        backend.clock.slot_s(output))
     return Option(kind, backend.name, ttft_s, cost, lacking)
 
 

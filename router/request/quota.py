@@ -45,7 +45,7 @@ def estimate(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> tuple[i
             0, min(DEFAULT_ANSWER_TOKENS, window - prompt))
     slot_s = 0.0
     if backend.price is not None and backend.price.gpu_hour is not None:
-        slot_s = ex.gw.backends[route.primary].slot_time.predict(answer)
+        slot_s = ex.gw.backends[route.primary].clock.slot_s(answer)
     return prompt + answer, request_cost(backend.price, backend.slots, prompt, answer, slot_s)
 
 

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from classifier.text import request_text
 from policies.apis import Api
+from policies.clock.clock import Clock
 from policies.config import Config
-from policies.pricing.costs import SlotTimeModel, request_cost
+from policies.pricing.costs import request_cost
 from policies.scheduler.capabilities import estimate_tokens
 from router.common.usage import Usage
 from router.ledger.base import LedgerRow
@@ -48,8 +49,9 @@ def bounded_usage(prompt_estimate: int, max_tokens: int | None, images: bool,
 
 
 def ledger_row(rec: RequestRecord, config: Config,
-               primary_slot_time: SlotTimeModel | None) -> LedgerRow:
-    """`primary_slot_time`: how long the route's primary holds a slot, by answer length."""
+               primary_clock: Clock | None) -> LedgerRow:
+    """`primary_clock`: the route's primary's, for how long it holds a slot by answer
+    length."""
     prompt = rec.prompt_tokens or 0
     completion = rec.completion_tokens or 0
     cost = counterfactual = 0.0
@@ -61,7 +63,7 @@ def ledger_row(rec: RequestRecord, config: Config,
         if rec.primary == rec.backend:
             counterfactual = cost
         elif primary is not None:
-            slot_s = (primary_slot_time.predict(completion) if primary_slot_time is not None
+            slot_s = (primary_clock.slot_s(completion) if primary_clock is not None
                       else primary.initial_hold_s)
             counterfactual = request_cost(primary.price, primary.slots, prompt, completion,
                                           slot_s)
@@ -89,6 +91,7 @@ def count_tokens(rec: RequestRecord, parsed: ParsedRequest, usage: Usage) -> Non
     if usage.known and not usage.rejected:
         rec.prompt_tokens = usage.prompt_tokens
         rec.completion_tokens = usage.completion_tokens
+        rec.cached_tokens = usage.cached_tokens
         return
     rec.tokens_estimated = True
     text = (input_text(parsed.body.get("input")) if parsed.endpoint.api is Api.EMBEDDINGS

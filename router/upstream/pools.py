@@ -9,8 +9,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from policies.clock.answers import AnswerModel, hints
-from policies.clock.holds import HoldTimeModel
+from policies.clock.answers import hints
+from policies.clock.clock import Clock
 from policies.config import (
     BackendConfig,
     CoordinationConfig,
@@ -78,11 +78,11 @@ def tune(pool: SlotPool, backend: BackendConfig) -> None:
 
 def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
               coordinator: RedisCoordinator | None,
-              answers: AnswerModel | None = None) -> SlotPool:
-    """`answers`: the backend's answer model, which its pools' forecasts read (a new
-    one from the config's hints by default)."""
-    answers = answers or AnswerModel(hints(backend))
-    estimator = HoldTimeModel(backend.initial_hold_s)
+              clock: Clock | None = None) -> SlotPool:
+    """`clock`: the backend's clock, whose holds and answers its pools' forecasts read (a
+    new one from the config's hints by default)."""
+    clock = clock or Clock(backend.initial_hold_s, hints(backend))
+    estimator, answers = clock.holds, clock.answers
     replicas = {e.name or name: e.slots for e in backend.replicas(name)}
     if config.mode is CoordinationMode.LOCAL or coordinator is None:
         pool = LocalSlotPool(name, backend.slots, backend.queue_limit, estimator,
@@ -98,7 +98,7 @@ def make_pool(name: str, backend: BackendConfig, config: CoordinationConfig,
     local = None
     if config.on_redis_down is RedisDown.FAIL_OPEN_LOCAL:
         local = LocalSlotPool(name, local_share(backend.slots, config.expected_replicas),
-                              backend.queue_limit, HoldTimeModel(backend.initial_hold_s),
+                              backend.queue_limit, estimator,
                               replicas=local_shares(replicas, config.expected_replicas),
                               answers=answers)
         local.order_by(backend.queue_order)  # the shared line's order, while Redis is away

@@ -307,7 +307,8 @@ class SimEngine:
                 _abort(request)
                 return None
         return ending(plan, rid, created, n, finish, stream is not None, stopped,
-                      (call, call_id, "".join(parts[:n])) if call is not None else None)
+                      (call, call_id, "".join(parts[:n])) if call is not None else None,
+                      rec.cached_tokens if self.cache is not None else None)
 
 
     async def _embed(self, rec: SimRecord, plan: Plan, embed: EmbedPlan) -> bytes:

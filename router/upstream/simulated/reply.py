@@ -53,11 +53,17 @@ def frames(plan: Plan, rid: str, created: int, finish: str, matched: str | None 
 
 
 def ending(plan: Plan, rid: str, created: int, tokens: int, finish: str, streamed: bool,
-           stopped: Stopped | None, call: tuple[ToolCall, str, str] | None) -> bytes:
+           stopped: Stopped | None, call: tuple[ToolCall, str, str] | None,
+           cached: int | None = None) -> bytes:
     """The rest of a reply of `tokens` tokens: a stream's usage chunk (if asked for) and
-    [DONE], else the whole answer. `call`: the tool call, its id and its arguments sent."""
-    usage = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": tokens,
-             "total_tokens": plan.prompt_tokens + tokens}
+    [DONE], else the whole answer. `call`: the tool call, its id and its arguments sent;
+    `cached`: the prompt tokens the prefix cache held (reported as vLLM does, with a
+    prefix cache)."""
+    usage: dict[str, object] = {"prompt_tokens": plan.prompt_tokens,
+                                "completion_tokens": tokens,
+                                "total_tokens": plan.prompt_tokens + tokens}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
     answer: dict[str, object] = {"id": rid, "object": "text_completion", "created": created,
                                  "model": plan.model, "choices": [], "usage": usage}
     if streamed:
