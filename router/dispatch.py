@@ -41,12 +41,12 @@ from router.common.parsed import Endpoint, ParsedRequest
 from router.common.record import Phase, RequestRecord, key_id, new_id, request_id, subject
 from router.exchange import Exchange
 from router.gateway import GATEWAY
-from router.openai_api import check_content_encoding, check_content_type, read_body
 from router.placement import placed, unplaced
 from router.request import objective, quota
 from router.request.access_log import log_refused
 from router.request.accounting import answered, settle
 from router.request.big_body import BIG_BODY
+from router.request.intake import check_content_encoding, check_content_type, read_body
 from router.request.usage import CLIENT_CLOSED
 from router.upstream.failures import UpstreamFailure
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable

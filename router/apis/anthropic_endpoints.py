@@ -13,9 +13,9 @@ from aiohttp import web
 from router.apis.anthropic import ANTHROPIC, input_estimate, parse_messages
 from router.common.errors import ApiError
 from router.gateway import GATEWAY
-from router.openai_api import check_content_encoding, check_content_type, read_body
 from router.request.big_body import BIG_BODY
 from router.request.body import BodyHold
+from router.request.intake import check_content_encoding, check_content_type, read_body
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -30,8 +30,8 @@ from policies.config import ServerConfig
 from router.common.errors import ApiError, too_large
 from router.common.record import new_id
 from router.gateway import GATEWAY
-from router.openai_api import check_content_encoding, check_content_type
 from router.request.auth import AUTH_FAILURES
+from router.request.intake import check_content_encoding, check_content_type
 from router.server.connections import ConnectionGuard, fd_budget
 from router.server.no_route import log_unrouted
 
