@@ -35,7 +35,7 @@ from policies.config import TracingConfig
 try:
     from router.common.record import RequestRecord
 except ImportError:  # a revision from before router/common/
-    from router.common.record import RequestRecord
+    from router.record import RequestRecord  # type: ignore[no-redef]
 from router.tracing.otel import Tracer
 
 
