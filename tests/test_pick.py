@@ -271,6 +271,13 @@ def test_a_request_waits_for_its_prefix_only_when_that_is_sooner(
     assert (None if hold is None else (hold.replica, hold.patience_s, hold.eta_s)) == held
 
 
+def test_a_crowded_group_counts_a_cold_prefill_for_every_waiter_it_delays() -> None:
+    group = [busy("a", 100), busy("b", 100)]  # nothing free; 2 waiters per slot behind
+    assert hold_out(group, 100, HELD, 50, 1.0, lambda: 2.5, 0.5) is None
+    hold = hold_out(group, 100, HELD, 50, 1.0, lambda: 2.5, 0.5, crowd=2.0)
+    assert hold is not None and (hold.replica, hold.patience_s) == ("a", 3.5)
+
+
 def test_the_holders_wait_is_not_forecast_when_it_cannot_be_waited_for() -> None:
     def never() -> float:
         raise AssertionError("forecast asked")

@@ -91,7 +91,7 @@ class Hold:
 
 def hold_out(replicas: Sequence[Replica], tokens: int, prefix: Match, warm_tokens: int,
              saving_s: float, holder_wait_s: Callable[[], float], other_wait_s: float,
-             epsilon: float = EPSILON) -> Hold | None:
+             epsilon: float = EPSILON, crowd: float = 0.0) -> Hold | None:
     """Should a request wait for the busy replica holding its prefix rather than run
     elsewhere? Yes when its expected time to first token there (the wait for a slot on
     it, `holder_wait_s()`, asked only if it may) beats the soonest elsewhere: the next
@@ -100,7 +100,9 @@ def hold_out(replicas: Sequence[Replica], tokens: int, prefix: Match, warm_token
     most that long: past it, a cold start elsewhere is no longer later. A holder that
     is unhealthy, free (the pick takes it), or whose load with the request (less its
     `warm_tokens`, not prefilled there) would pass the bound (`bound`) is not waited
-    for."""
+    for. `crowd`: the waiters per slot when none is free: a cold prefill then also holds
+    a slot they need, delaying each by its share, so what it costs counts that many
+    times more."""
     if not prefix.blocks or prefix.replica is None or saving_s <= 0:
         return None
     holder = next((r for r in replicas if r.name == prefix.replica), None)
@@ -108,7 +110,7 @@ def hold_out(replicas: Sequence[Replica], tokens: int, prefix: Match, warm_token
         return None
     if holder.load_tokens + tokens - min(warm_tokens, tokens) > bound(replicas, tokens, epsilon):
         return None
-    patience_s = other_wait_s + saving_s
+    patience_s = other_wait_s + saving_s * (1 + crowd)
     wait_s = holder_wait_s()
     if not wait_s < patience_s:
         return None
