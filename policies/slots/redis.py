@@ -307,7 +307,15 @@ class RedisSlotPool:
             return int(done)
         log.warning("%s of %s on %s failed; Redis expires it within %g s", script, item,
                     self.name, self.lease_ttl_s)
+        self.coordinator.in_background(self._recount)
         return 0
+
+    async def _recount(self) -> None:
+        """The counts here still hold what could not be given back: read them again once
+        Redis has expired it (the next poll would, but a pool nobody waits on polls not)."""
+        await asyncio.sleep(self.lease_ttl_s)  # the item's TTL: gone in Redis by then
+        with contextlib.suppress(CoordinationError):
+            await self._poll()
 
     async def _until_answering(self, backoff_s: float) -> None:
         """Wait to retry: while the breaker is open, until Redis answers again (at most
