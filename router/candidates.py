@@ -23,12 +23,15 @@ from router.request.options import options
 
 
 class Candidates:
-    """The backends of one request's route, as one decision sees them."""
+    """The backends of one request's route as one decision sees them (`pipeline.View`),
+    and the request's facts (`pipeline.Request`): its class, the backends able to serve
+    it, its objective and, asked for, the classifier's verdict. One object for both: one
+    made per decision."""
 
-    __slots__ = ("_pools", "ex")
+    __slots__ = ("_pools", "able", "ex")
 
-    def __init__(self, ex: Exchange) -> None:
-        self.ex = ex
+    def __init__(self, ex: Exchange, able: Capable) -> None:
+        self.ex, self.able = ex, able
         self._pools: dict[str, PoolSnapshot] = {}
 
     def standing(self, chain: Sequence[str]) -> Mapping[str, Standing]:
@@ -56,19 +59,15 @@ class Candidates:
         assert self.ex.parsed is not None
         return options(self.ex, self.ex.parsed, route)
 
-    def place(self, name: str) -> Preference:
-        assert self.ex.parsed is not None
-        return self.ex.prefer(self.ex.gw.backends[name], self.ex.parsed)
-
-
-class Facts:
-    """One request's facts for the scheduler (`pipeline.Request`): its class, the
-    backends able to serve it, its objective and, asked for, the classifier's verdict."""
-
-    __slots__ = ("able", "ex")
-
-    def __init__(self, ex: Exchange, able: Capable) -> None:
-        self.ex, self.able = ex, able
+    def place(self, name: str) -> Preference | None:
+        """A group's pick (None: a backend of one endpoint, nothing to pick)."""
+        ex = self.ex
+        backend = ex.gw.backends[name]
+        if not backend.grouped:
+            ex.rec.pick = ex.rec.prefix_blocks = None  # (a retry may come from a group)
+            return None
+        assert ex.parsed is not None
+        return ex.prefer(backend, ex.parsed)
 
     @property
     def priority(self) -> Priority:

@@ -35,7 +35,7 @@ from router.apis.anthropic import ANTHROPIC
 from router.apis.dialect import OPENAI, Dialect
 from router.apis.responses import dialect_for
 from router.attempt import forward_on, forward_while_held
-from router.candidates import Candidates, Facts
+from router.candidates import Candidates
 from router.common.errors import ApiError
 from router.common.parsed import Endpoint, ParsedRequest
 from router.common.record import Phase, RequestRecord, key_id, new_id, request_id, subject
@@ -250,9 +250,9 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             if not retryable(failure) or ex.rec.phase is not Phase.BEFORE_FIRST_BYTE:
                 raise
             ex.failed_on.append(lease.replica)
-            decision = pipeline.retry(Facts(ex, able), Candidates(ex), chain, lease.pool,
-                                      gw.health.retrying, gw.running,
-                                      sibling=_sibling(ex, lease))
+            view = Candidates(ex, able)
+            decision = pipeline.retry(view, view, chain, lease.pool, gw.health.retrying,
+                                      gw.running, sibling=_sibling(ex, lease))
             if decision is None:
                 raise
         gw.health.retrying += 1

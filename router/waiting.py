@@ -22,7 +22,7 @@ from policies.scheduler.admission import RejectReason
 from policies.scheduler.decision import Decision, Refuse, Run
 from policies.slots import Lease, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers
-from router.candidates import Candidates, Facts
+from router.candidates import Candidates
 from router.common.parsed import ParsedRequest
 from router.common.record import Phase
 from router.exchange import Capable, Exchange
@@ -38,9 +38,9 @@ async def admit(ex: Exchange, route: RouteConfig, able: Capable,
                 gone: Sequence[str] = ()) -> Lease:
     """A slot for the request on `route` (less the backends `gone`), where the scheduler
     says: at once, or after a wait in a line."""
-    facts = Facts(ex, able)
     for _ in range(_ADMIT_ATTEMPTS):
-        lease = await carry_out(ex, pipeline.decide(facts, Candidates(ex), route, gone))
+        view = Candidates(ex, able)
+        lease = await carry_out(ex, pipeline.decide(view, view, route, gone))
         if lease is not None:
             return lease
     pools = [ex.gw.backends[name].pool for name in (route.primary, *route.fallbacks)]

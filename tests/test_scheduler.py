@@ -79,8 +79,8 @@ class View:
     def options(self, route: RouteConfig) -> list[Option]:
         return list(self.offered)
 
-    def place(self, name: str) -> Placed:
-        return self.placed.get(name, Placed())
+    def place(self, name: str) -> Placed | None:
+        return self.placed.get(name)  # None: a backend of one endpoint
 
 
 def route(when: FallbackWhen = FallbackWhen.NEVER,
@@ -125,6 +125,8 @@ TABLE = [
     ("a group's pick waits for the busy replica holding the prefix",
      View(FREE, placed={"big": Placed((), "big-0", 0.8)}), route(),
      Wait("big", "primary", want="big-0", hold_s=0.8)),
+    ("a group with nothing to prefer runs on whichever replica is free",
+     View(FREE, placed={"big": Placed()}), route(), Run("big", "primary")),
     ("a queued request's pick is part of the decision",
      View(BUSY, placed={"big": Placed((), "big-0")}), route(overflow=Overflow.REJECT),
      Wait("big", "primary", want="big-0")),

@@ -91,7 +91,7 @@ class View(Protocol):
 
     def options(self, route: RouteConfig) -> list[Option]: ...  # for the objective
 
-    def place(self, name: str) -> Placing: ...  # the replica pick on its group
+    def place(self, name: str) -> Placing | None: ...  # its group's pick (None: no group)
 
 
 def decide(request: Request, view: View, route: RouteConfig,
@@ -145,26 +145,28 @@ def _admitted(request: Request, view: View, route: RouteConfig, probe: str | Non
     if isinstance(placed, Reject):
         return Refuse(placed.reason, placed.retry_in_s, route.primary)
     target, why, movable = placed.pool, reason or placed.reason.value, None
-    waits = isinstance(placed, Queue) and target == route.primary
+    waits = isinstance(placed, Queue)
+    now: bool | None = not waits  # a slot open on `target` (None: not known, ask)
+    waits = waits and target == route.primary
     when = route.fallback.when
     if waits and when is FallbackWhen.OBJECTIVE:  # (a full line overflows as configured)
         choice = _aim(request, view, route)
         if choice.backend is None:
             assert choice.retry_in_s is not None
             return Refuse(RejectReason.OBJECTIVE, choice.retry_in_s, route.primary)
-        target, why = choice.backend, choice.reason
+        target, why, now = choice.backend, choice.reason, None
     elif target == route.primary and (when is FallbackWhen.ALWAYS or (
             when is FallbackWhen.SATURATED and waits)):  # where its answer may matter
         step = steer(request.classified(route.fallback), primary, view.candidates(route.fallbacks),
                      route.fallback,
                      wait=lambda pool: view.forecast(pool.name, pool.queued + 1))
         if isinstance(step, Move):
-            target, why = step.pool, step.reason
+            target, why, now = step.pool, step.reason, None
         elif step.movable:
             movable = step.movable[0]
         else:
             why = step.reason or why  # primary:needs:<what a fallback lacks>
-    return _on_replica(view, target, why, movable, probe)
+    return _on_replica(view, target, why, movable, probe, now)
 
 
 def _aim(request: Request, view: View, route: RouteConfig) -> Choice:
@@ -179,13 +181,19 @@ def _aim(request: Request, view: View, route: RouteConfig) -> Choice:
 
 
 def _on_replica(view: View, target: str, why: str, movable: str | None,
-                probe: str | None) -> Decision:
-    """Run on `target` if a slot is open there, else wait in its line; on a group, with
-    its replica pick (which may rather wait for the busy replica holding the prefix)."""
+                probe: str | None, now: bool | None) -> Decision:
+    """Run on `target` if a slot is open there (`now`: known to be, or not; None: ask),
+    else wait in its line; on a group, with its replica pick (which may rather wait for
+    the busy replica holding the prefix)."""
     placing = view.place(target)
+    if now is None:
+        now = view.pool(target).open
+    if placing is None:
+        return Run(target, why, probe=probe) if now else Wait(target, why, movable=movable,
+                                                               probe=probe)
     if placing.hold_s > 0:
         return Wait(target, why, placing.holder, placing.hold_s, movable, probe)
-    if view.pool(target).open:
+    if now:
         return Run(target, why, placing.first, placing.holder, probe)
     return Wait(target, why, placing.holder, 0.0, movable, probe)
 
