@@ -9,12 +9,12 @@ replica pick are worked out only when a stage asks. A re-decision makes a new vi
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from classifier.text import request_text
-from policies.config import Priority, RouteConfig, RouteFallbackConfig
+from policies.config import RouteConfig, RouteFallbackConfig
 from policies.scheduler.brevity import lean_simple
-from policies.scheduler.fallback import Candidate, RequestFacts, Standing
+from policies.scheduler.fallback import Candidate, RequestFacts
 from policies.scheduler.objective import Option, qualifies
 from policies.slots import PoolSnapshot
 from router.exchange import Capable, Exchange
@@ -28,14 +28,12 @@ class Candidates:
     it, its objective and, asked for, the classifier's verdict. One object for both: one
     made per decision."""
 
-    __slots__ = ("_pools", "able", "ex")
+    __slots__ = ("_pools", "able", "ex", "priority", "standing")
 
     def __init__(self, ex: Exchange, able: Capable) -> None:
-        self.ex, self.able = ex, able
+        self.ex, self.able, self.priority = ex, able, ex.priority
+        self.standing = ex.gw.health.standing  # each backend's, now
         self._pools: dict[str, PoolSnapshot] = {}
-
-    def standing(self, chain: Sequence[str]) -> Mapping[str, Standing]:
-        return self.ex.gw.health.standing(chain)
 
     def recovery_s(self, chain: Sequence[str]) -> float:
         return self.ex.gw.health.retry_in_s(list(chain))
@@ -68,10 +66,6 @@ class Candidates:
             return None
         assert ex.parsed is not None
         return ex.prefer(backend, ex.parsed)
-
-    @property
-    def priority(self) -> Priority:
-        return self.ex.priority
 
     @property
     def objective_s(self) -> float | None:

@@ -19,7 +19,7 @@ from typing import Any
 from policies.config import RouteConfig
 from policies.scheduler import pipeline
 from policies.scheduler.admission import RejectReason
-from policies.scheduler.decision import Decision, Refuse, Run
+from policies.scheduler.decision import Decision, Refuse
 from policies.slots import Lease, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers
 from router.candidates import Candidates
@@ -62,13 +62,9 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
     backend = ex.gw.backends[decision.backend]
     pool = backend.pool
     rec.backend, rec.reason = decision.backend, decision.reason
-    if isinstance(decision, Run):
-        hold_s, movable = 0.0, None
-    else:
-        hold_s, movable = decision.hold_s, decision.movable
+    hold_s = decision.hold_s
     if not hold_s:  # (a shared pool may have freed one since its snapshot)
-        prefer = decision.prefer if isinstance(decision, Run) else ()
-        lease = await pool.try_acquire(prefer, ex.fair_share(backend, parsed))
+        lease = await pool.try_acquire(decision.prefer, ex.fair_share(backend, parsed))
         if lease is not None:
             objective.predict(rec, backend, 0.0, parsed.max_tokens)
             return lease
@@ -77,7 +73,7 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
     if ticket is None:
         return None
     objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
-    return await wait(ex, parsed, pool, ticket, movable)
+    return await wait(ex, parsed, pool, ticket, decision.movable)
 
 
 async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket,

@@ -60,7 +60,7 @@ class Clock:
 
     def observe(self, answer: Answered) -> None:
         """A request let its slot go: every part learns what it can from it."""
-        self.holds.observe(answer.held_s, answer.max_tokens)
+        self.holds.observe(answer.held_s)  # pool-wide, as the pools fed it
         if answer.tokens is None:
             return
         self.answers.observe(answer.tokens, answer.max_tokens, answer.cut, answer.ttft_s,

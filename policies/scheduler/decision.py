@@ -25,6 +25,8 @@ class Run:
     prefer: tuple[str, ...] = ()
     want: str | None = None  # should the slot be gone meanwhile: the replica to wait for
     probe: str | None = None  # a backend whose breaker is open: this request is its probe
+    hold_s: float = 0.0  # (as a `Wait`'s, so that either is carried out alike: no hold)
+    movable: str | None = None  # (nor a fallback to move to)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,7 @@ class Wait:
     hold_s: float = 0.0
     movable: str | None = None
     probe: str | None = None
+    prefer: tuple[str, ...] = ()  # (as a `Run`'s: any replica's slot)
 
 
 @dataclass(frozen=True, slots=True)

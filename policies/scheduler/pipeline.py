@@ -139,7 +139,7 @@ def _admitted(request: Request, view: View, route: RouteConfig, probe: str | Non
               reason: str | None = None) -> Decision:
     """The stages from `load` on, over `route` (its health already judged)."""
     primary = view.pool(route.primary)
-    fallbacks = [view.pool(name) for name in route.fallbacks]
+    fallbacks = () if primary.open else [view.pool(name) for name in route.fallbacks]
     placed = admit(primary, fallbacks, route.overflow, request.priority,
                    forecast=lambda pool: view.forecast(pool.name, 1), able=request.able)
     if isinstance(placed, Reject):
