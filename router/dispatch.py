@@ -167,9 +167,9 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
         rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
     objective.assign(rec, config, route, exchange.priority)
     if limited is not None:
-        await quota.reserve(exchange, limited, parsed, route)
+        await quota.reserve(exchange, limited, route)
     try:
-        response = await run(exchange, parsed, route)
+        response = await run(exchange, route)
     except PoolUnavailable as exc:
         raise exchange.rejection(RejectReason.UNAVAILABLE, exc.retry_after_s,
                                  rec.backend or route.primary) from None
@@ -228,12 +228,12 @@ def fitted(route: RouteConfig, endpoint: Endpoint, served: frozenset[Api],
 _NEVER = RouteFallbackConfig(when=FallbackWhen.NEVER)
 
 
-async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
+async def run(ex: Exchange, route: RouteConfig) -> web.StreamResponse:
     """Admit where the scheduler says, serve, and retry a failure before the first byte
     where it says next (a sibling replica, or the route's next backend)."""
     gw = ex.gw
     chain = [route.primary, *route.fallbacks]
-    able = ex.able(parsed, route.primary)  # never a backend that cannot serve the request
+    able = ex.able(route.primary)  # never a backend that cannot serve the request
     gone: list[str] = []  # backends whose breaker opened while it queued there
     while True:
         try:
@@ -243,7 +243,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             gone.append(opened.args[0])
     while True:
         try:
-            return await serve(ex, parsed, lease)
+            return await serve(ex, lease)
         except UpstreamFailure as failure:
             # Unless the request itself caused the failure (it would walk the route), or
             # the answer has begun.
@@ -283,19 +283,20 @@ def _sibling(ex: Exchange, lease: Lease) -> bool:
                                    for seat in backend.pool.seats())
 
 
-async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
+async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
     """Forward on `lease`'s backend and replica; the slot is released on every path."""
-    ex.rec.slot_at = time.perf_counter()
-    ex.rec.backend, ex.rec.replica = lease.pool, lease.replica
+    rec, parsed = ex.rec, ex.request_body
+    rec.slot_at = time.perf_counter()
+    rec.backend, rec.replica = lease.pool, lease.replica
     backend = ex.gw.backends[lease.pool]
     work = placed(backend, lease, ex.place) if backend.grouped else 0
     try:
-        ex.rec.phase = Phase.BEFORE_FIRST_BYTE
+        rec.phase = Phase.BEFORE_FIRST_BYTE
         lost = lease.lost()
         if lost is None:
-            response = await forward_on(ex, parsed, lease)
+            response = await forward_on(ex, lease)
         else:
-            response = await forward_while_held(ex, parsed, lease, lost)
+            response = await forward_while_held(ex, lease, lost)
         ex.gw.health.succeeded(lease.pool)
         if backend.grouped:
             ex.gw.replica_health.succeeded(lease.pool, lease.replica)
@@ -316,14 +317,14 @@ async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.Stream
         raise
     finally:
         held_s = lease.held_s
-        ex.rec.slot_ms = held_s * 1000
+        rec.slot_ms = held_s * 1000
         ex.gw.metrics.held(lease.pool, held_s)
         if work:
             unplaced(backend, lease, work)
-        backend.clock.observe(answered(ex.rec, held_s, parsed.max_tokens,  # before the
+        backend.clock.observe(answered(rec, held_s, parsed.max_tokens,  # before the
                                        parsed.endpoint.api in GENERATIVE_APIS))  # forecasts
-        if ex.rec.completion_tokens is not None:  # what a fair line charges its tenant
-            lease.charge(ex.rec.completion_tokens)
+        if rec.completion_tokens is not None:  # what a fair line charges its tenant
+            lease.charge(rec.completion_tokens)
         await lease.release()
 
 
