@@ -297,9 +297,9 @@ async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
             response = await forward_on(ex, lease)
         else:
             response = await forward_while_held(ex, lease, lost)
-        ex.gw.health.succeeded(lease.pool)
-        if backend.grouped:
-            ex.gw.replica_health.succeeded(lease.pool, lease.replica)
+        backend.breaker.success()
+        if backend.grouped and (breaker := backend.replicas[lease.replica].breaker) is not None:
+            breaker.success()  # (a group's replicas each have one)
         return response
     except UpstreamFailure as failure:
         # The engine's faults only: a group's against the replica; an unsure one waits for
