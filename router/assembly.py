@@ -28,12 +28,12 @@ async def add_backend(gw: Gateway, name: str, config: BackendConfig) -> None:
 
 
 def watch(gw: Gateway, backend: Backend) -> None:
-    """The backend watched by the metrics and the health checks:
+    """The backend watched by the metrics (its series kept on it) and the health checks:
     its breaker, and one for each replica of a group (a group of one has the backend's
     alone). Again after a reload changed it: it may have become a group, and its breakers'
     settings and counts start anew."""
     name, config = backend.name, backend.config
-    gw.metrics.watch(backend.pool)
+    backend.series = gw.metrics.watch(backend.pool)
     backend.breaker = gw.health.add(name, config)
     if backend.grouped:
         for replica in backend.replicas.values():

@@ -1,6 +1,6 @@
 """One backend as the gateway holds it: a group of engine replicas (each with its
 connections, its breaker in a group and, when simulated, its engine) behind one slot pool,
-with its queue reporter, clock, breaker, move offers and the picking state
+with its queue reporter, clock, breaker, metric series, move offers and the picking state
 (prefix affinity table, round-robin cursor), built, changed and closed as one.
 
 The breakers are made and watched by `BackendHealth` and `ReplicaHealth`, which keep them
@@ -31,6 +31,7 @@ from router.upstream.simulated.app import start_simulator
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
+    from router.telemetry.metrics import BackendSeries
     from router.upstream.simulated.app import RunningSim
 
 
@@ -65,6 +66,7 @@ class Backend:
     # Set as it is assembled, before any request sees it (`router.assembly.watch`), and
     # again after a reload changed it.
     breaker: CircuitBreaker = field(init=False, repr=False)  # from BackendHealth
+    series: BackendSeries = field(init=False, repr=False)  # from Metrics.watch
 
     def __post_init__(self) -> None:
         self.grouped = len(self.replicas) > 1

@@ -318,7 +318,7 @@ async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
     finally:
         held_s = lease.held_s
         rec.slot_ms = held_s * 1000
-        ex.gw.metrics.held(lease.pool, held_s)
+        backend.series.held(held_s)
         if work:
             unplaced(backend, lease, work)
         backend.clock.observe(answered(rec, held_s, parsed.max_tokens,  # before the

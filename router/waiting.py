@@ -122,7 +122,7 @@ async def wait(ex: Exchange, pool: SlotPool, ticket: Ticket, movable: str | None
         if reporter is not None:
             reporter.leave(ticket)  # from here on, only this handler writes its stream
         rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
-        ex.gw.metrics.queue_wait.labels(pool.name).observe(rec.queue_wait_ms / 1000)
+        backend.series.queue_wait.observe(rec.queue_wait_ms / 1000)
         if ex.trace is not None:
             ex.trace.dequeued(outcome, rec.queue_wait_ms)
     return lease
