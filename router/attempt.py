@@ -46,16 +46,15 @@ async def forward_while_held(ex: Exchange, lease: Lease,
 
 async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
     """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
-    rec, parsed = ex.rec, ex.request_body
-    upstream = ex.gw.backends[lease.pool].replicas[lease.replica].upstream
+    rec, parsed, name = ex.rec, ex.request_body, lease.pool
+    upstream = ex.gw.backends[name].replicas[lease.replica].upstream
     events = ex.wants_events()
-    start = ex.dialect.start_frame(lease.pool, rec.reason, rec.queue_wait_ms, events,
-                                   rec.replica)
+    start = ex.dialect.start_frame(name, rec.reason, rec.queue_wait_ms, events, rec.replica)
     preamble = b""
     tracing, context = ex.trace, None
     if tracing is not None:  # the attempt's span: the engine gets it as its traceparent
         where = upstream.target(parsed.endpoint.value.removeprefix("/v1"))
-        context = tracing.attempt(lease.pool, lease.replica, where.host, where.port,
+        context = tracing.attempt(name, lease.replica, where.host, where.port,
                                   upstream.config.model)
     if ex.response is not None:
         await ex.send(start)
@@ -97,4 +96,4 @@ async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
         if attempt.status == 200:  # the backend took the request and began to answer
             count_tokens(rec, parsed, attempt.usage)
             if attempt.usage.rejected:
-                ex.gw.metrics.usage_rejected(lease.pool)
+                ex.gw.metrics.usage_rejected(name)

@@ -287,8 +287,9 @@ async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
     """Forward on `lease`'s backend and replica; the slot is released on every path."""
     rec, parsed = ex.rec, ex.request_body
     rec.slot_at = time.perf_counter()
-    rec.backend, rec.replica = lease.pool, lease.replica
-    backend = ex.gw.backends[lease.pool]
+    name = rec.backend = lease.pool
+    rec.replica = lease.replica
+    backend = ex.gw.backends[name]
     work = placed(backend, lease, ex.place) if backend.grouped else 0
     try:
         rec.phase = Phase.BEFORE_FIRST_BYTE
@@ -306,14 +307,14 @@ async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
         # the backend's health check with the slot held, so that a failing engine's queue
         # moves before it frees.
         if backend.grouped and blame(failure) is Blame.ENGINE:
-            ex.gw.replica_health.report(lease.pool, lease.replica, failure)
+            ex.gw.replica_health.report(name, lease.replica, failure)
         else:
-            await ex.gw.health.report(lease.pool, failure)
+            await ex.gw.health.report(name, failure)
         if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour its
             wait_s = parse_retry_after(failure.headers.get("Retry-After"))  # Retry-After
             if not (backend.grouped and ex.gw.replica_health.throttle(
-                    lease.pool, lease.replica, wait_s)):  # the replica alone, if others serve
-                ex.gw.health.throttle(lease.pool, wait_s)
+                    name, lease.replica, wait_s)):  # the replica alone, if others serve
+                ex.gw.health.throttle(name, wait_s)
         raise
     finally:
         held_s = lease.held_s
