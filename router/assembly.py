@@ -11,7 +11,7 @@ import asyncio
 from policies.config import BackendConfig, FallbackWhen
 from policies.pricing.experiments import build_experiments
 from policies.slots.handover import MoveOffers
-from router.backend import open_backend
+from router.backend import Backend, open_backend
 from router.common.errors import ApiError
 from router.gateway import Gateway
 from router.upstream.errors import UpstreamError
@@ -21,21 +21,25 @@ _MODELS_LIMIT = 1024 * 1024  # a health check reads at most this much of /v1/mod
 
 
 async def add_backend(gw: Gateway, name: str, config: BackendConfig) -> None:
-    """The backend, watched by the metrics, with its breaker."""
+    """The backend, watched (`watch`)."""
     backend = gw.backends[name] = await open_backend(name, config, gw.config.coordination,
                                                      gw.coordinator)
-    gw.metrics.watch(backend.pool)
-    gw.health.add(name, config)
-    watch_replicas(gw, name)
+    watch(gw, backend)
 
 
-def watch_replicas(gw: Gateway, name: str) -> None:
-    """A breaker for each replica of a group (a group of one has the backend's alone)."""
-    backend = gw.backends[name]
+def watch(gw: Gateway, backend: Backend) -> None:
+    """The backend watched by the metrics (its series kept on it) and the health checks:
+    its breaker, and one for each replica of a group (a group of one has the backend's
+    alone). Again after a reload changed it: it may have become a group, and its breakers'
+    settings and counts start anew."""
+    name, config = backend.name, backend.config
+    backend.series = gw.metrics.watch(backend.pool)
+    backend.breaker = gw.health.add(name, config)
     if backend.grouped:
         for replica in backend.replicas.values():
             if not replica.retired:
-                gw.replica_health.add(name, replica.name, backend.config, backend.pool)
+                replica.breaker = gw.replica_health.add(name, replica.name, config,
+                                                        backend.pool)
 
 
 async def health_check(gw: Gateway, name: str) -> bool:

@@ -16,7 +16,6 @@ from policies.config import SystemMessages
 from policies.scheduler.admission import RejectReason
 from policies.scheduler.capabilities import Capability
 from policies.slots import Lease
-from router.common.parsed import ParsedRequest
 from router.common.record import Phase
 from router.exchange import Exchange
 from router.request import objective
@@ -27,10 +26,10 @@ from router.upstream.proxy import Attempt, ClientGone, forward
 from router.upstream.request_body import upstream_body
 
 
-async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
+async def forward_while_held(ex: Exchange, lease: Lease,
                              lost: asyncio.Future[None]) -> web.StreamResponse:
     """Forward, but stop (the engine aborts) if the shared slot is taken away."""
-    forwarding = asyncio.ensure_future(forward_on(ex, parsed, lease))
+    forwarding = asyncio.ensure_future(forward_on(ex, lease))
     either: set[asyncio.Future[Any]] = {forwarding, lost}
     try:
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
@@ -45,22 +44,21 @@ async def forward_while_held(ex: Exchange, parsed: ParsedRequest, lease: Lease,
     raise ex.rejection(RejectReason.SLOT_LOST, 0, lease.pool)
 
 
-async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
+async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
     """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
-    rec = ex.rec
-    backend = ex.gw.backends[lease.pool]
-    upstream = backend.replicas[lease.replica].upstream
-    start = ex.dialect.start_frame(lease.pool, rec.reason, rec.queue_wait_ms,
-                                   ex.wants_events(parsed), rec.replica)
+    rec, parsed, name = ex.rec, ex.request_body, lease.pool
+    upstream = ex.gw.backends[name].replicas[lease.replica].upstream
+    events = ex.wants_events()
+    start = ex.dialect.start_frame(name, rec.reason, rec.queue_wait_ms, events, rec.replica)
     preamble = b""
     tracing, context = ex.trace, None
     if tracing is not None:  # the attempt's span: the engine gets it as its traceparent
         where = upstream.target(parsed.endpoint.value.removeprefix("/v1"))
-        context = tracing.attempt(lease.pool, lease.replica, where.host, where.port,
+        context = tracing.attempt(name, lease.replica, where.host, where.port,
                                   upstream.config.model)
     if ex.response is not None:
         await ex.send(start)
-    elif parsed.stream and ex.wants_events(parsed):
+    elif parsed.stream and events:
         preamble = start  # said right after the headers, before the first chunk
     fold = upstream.config.system_messages is SystemMessages.FOLD
     body = (upstream_body(parsed, upstream.config.model, fold) if not ex.big else  # its dump
@@ -73,8 +71,8 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
         on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
         translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
-        usage=bounded_usage(ex.prompt_tokens(parsed), parsed.max_tokens,
-                            Capability.VISION in ex.needs(parsed).capabilities,
+        usage=bounded_usage(ex.prompt_tokens(), parsed.max_tokens,
+                            Capability.VISION in ex.needs().capabilities,
                             upstream.config.context_window))
     # The forecast reads the relay's event count (a stream's); nothing more per event.
     lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
@@ -98,4 +96,4 @@ async def forward_on(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.S
         if attempt.status == 200:  # the backend took the request and began to answer
             count_tokens(rec, parsed, attempt.usage)
             if attempt.usage.rejected:
-                ex.gw.metrics.usage_rejected(lease.pool)
+                ex.gw.metrics.usage_rejected(name)

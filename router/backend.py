@@ -1,10 +1,11 @@
 """One backend as the gateway holds it: a group of engine replicas (each with its
-connections and, when simulated, its engine) behind one slot pool, with its queue
-reporter, clock, move offers and the picking state (prefix affinity table,
-round-robin cursor), built, changed and closed as one.
+connections, its breaker in a group and, when simulated, its engine) behind one slot pool,
+with its queue reporter, clock, breaker, metric series, move offers and the picking state
+(prefix affinity table, round-robin cursor), built, changed and closed as one.
 
-Its breaker lives in `BackendHealth` with the others: the retry budget and the breakers'
-probes are shared by every backend of the gateway.
+The breakers are made and watched by `BackendHealth` and `ReplicaHealth`, which keep them
+by name as well for what is the gateway's: the retry budget, the health checks and the
+scheduler's view of every backend's standing (`router.assembly.watch` hands them out).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from policies.clock.answers import hints
 from policies.clock.clock import Clock
 from policies.config import BackendConfig, CoordinationConfig, EndpointConfig
+from policies.health.breaker import CircuitBreaker
 from policies.scheduler.pick import PickMode
 from policies.scheduler.prefix import AffinityTable
 from policies.slots import SlotPool
@@ -29,6 +31,7 @@ from router.upstream.simulated.app import start_simulator
 
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
+    from router.telemetry.metrics import BackendSeries
     from router.upstream.simulated.app import RunningSim
 
 
@@ -41,6 +44,7 @@ class Replica:
     simulator: RunningSim | None = None  # a `simulated:` endpoint runs in-process
     load_tokens: int = 0  # prompt and expected output tokens of the requests it runs now
     retired: bool = False  # a reload removed it: it runs out what it holds
+    breaker: CircuitBreaker | None = None  # in a group (ReplicaHealth); one engine: the backend's
 
 
 @dataclass(slots=True)
@@ -59,6 +63,10 @@ class Backend:
     # More than one replica (retired ones included): a request's replica is picked. Kept,
     # not computed: every request asks.
     grouped: bool = field(init=False)
+    # Set as it is assembled, before any request sees it (`router.assembly.watch`), and
+    # again after a reload changed it.
+    breaker: CircuitBreaker = field(init=False, repr=False)  # from BackendHealth
+    series: BackendSeries = field(init=False, repr=False)  # from Metrics.watch
 
     def __post_init__(self) -> None:
         self.grouped = len(self.replicas) > 1

@@ -54,8 +54,7 @@ class Candidates:
                 for name in names]
 
     def options(self, route: RouteConfig) -> list[Option]:
-        assert self.ex.parsed is not None
-        return options(self.ex, self.ex.parsed, route)
+        return options(self.ex, route)
 
     def place(self, name: str) -> Preference | None:
         """A group's pick (None: a backend of one endpoint, nothing to pick)."""
@@ -64,8 +63,7 @@ class Candidates:
         if not backend.grouped:
             ex.rec.pick = ex.rec.prefix_blocks = None  # (a retry may come from a group)
             return None
-        assert ex.parsed is not None
-        return ex.prefer(backend, ex.parsed)
+        return ex.prefer(backend)
 
     @property
     def objective_s(self) -> float | None:
@@ -81,17 +79,16 @@ class Candidates:
 
 
 def _classify(ex: Exchange, rule: RouteFallbackConfig) -> RequestFacts:
-    gw, rec, parsed = ex.gw, ex.rec, ex.parsed
+    gw, rec, parsed = ex.gw, ex.rec, ex.request_body
     assert gw.classifier is not None, "steering routes load the classifier at startup"
-    assert parsed is not None
     began = time.perf_counter()
     text = request_text(parsed.body)
     prediction = gw.classifier.predict(text)
     gw.metrics.classifier.observe(time.perf_counter() - began)
     p_simple = lean_simple(prediction.p_simple(rule.intents), prediction.intent, rule.intents,
                            parsed.max_tokens, text)  # brevity leans simple
-    facts = RequestFacts(prediction.intent, p_simple, ex.prompt_tokens(parsed),
-                         parsed.max_tokens, ex.needs(parsed).capabilities, parsed.endpoint.api)
+    facts = RequestFacts(prediction.intent, p_simple, ex.prompt_tokens(), parsed.max_tokens,
+                         ex.needs().capabilities, parsed.endpoint.api)
     rec.intent, rec.p_simple = facts.intent, round(facts.p_simple, 4)
     if ex.trace is not None:
         ex.trace.classified(began, facts.intent, facts.p_simple,

@@ -167,9 +167,9 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
         rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route
     objective.assign(rec, config, route, exchange.priority)
     if limited is not None:
-        await quota.reserve(exchange, limited, parsed, route)
+        await quota.reserve(exchange, limited, route)
     try:
-        response = await run(exchange, parsed, route)
+        response = await run(exchange, route)
     except PoolUnavailable as exc:
         raise exchange.rejection(RejectReason.UNAVAILABLE, exc.retry_after_s,
                                  rec.backend or route.primary) from None
@@ -228,12 +228,12 @@ def fitted(route: RouteConfig, endpoint: Endpoint, served: frozenset[Api],
 _NEVER = RouteFallbackConfig(when=FallbackWhen.NEVER)
 
 
-async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.StreamResponse:
+async def run(ex: Exchange, route: RouteConfig) -> web.StreamResponse:
     """Admit where the scheduler says, serve, and retry a failure before the first byte
     where it says next (a sibling replica, or the route's next backend)."""
     gw = ex.gw
     chain = [route.primary, *route.fallbacks]
-    able = ex.able(parsed, route.primary)  # never a backend that cannot serve the request
+    able = ex.able(route.primary)  # never a backend that cannot serve the request
     gone: list[str] = []  # backends whose breaker opened while it queued there
     while True:
         try:
@@ -243,7 +243,7 @@ async def run(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> web.St
             gone.append(opened.args[0])
     while True:
         try:
-            return await serve(ex, parsed, lease)
+            return await serve(ex, lease)
         except UpstreamFailure as failure:
             # Unless the request itself caused the failure (it would walk the route), or
             # the answer has begun.
@@ -283,47 +283,49 @@ def _sibling(ex: Exchange, lease: Lease) -> bool:
                                    for seat in backend.pool.seats())
 
 
-async def serve(ex: Exchange, parsed: ParsedRequest, lease: Lease) -> web.StreamResponse:
+async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
     """Forward on `lease`'s backend and replica; the slot is released on every path."""
-    ex.rec.slot_at = time.perf_counter()
-    ex.rec.backend, ex.rec.replica = lease.pool, lease.replica
-    backend = ex.gw.backends[lease.pool]
+    rec, parsed = ex.rec, ex.request_body
+    rec.slot_at = time.perf_counter()
+    name = rec.backend = lease.pool
+    rec.replica = lease.replica
+    backend = ex.gw.backends[name]
     work = placed(backend, lease, ex.place) if backend.grouped else 0
     try:
-        ex.rec.phase = Phase.BEFORE_FIRST_BYTE
+        rec.phase = Phase.BEFORE_FIRST_BYTE
         lost = lease.lost()
         if lost is None:
-            response = await forward_on(ex, parsed, lease)
+            response = await forward_on(ex, lease)
         else:
-            response = await forward_while_held(ex, parsed, lease, lost)
-        ex.gw.health.succeeded(lease.pool)
-        if backend.grouped:
-            ex.gw.replica_health.succeeded(lease.pool, lease.replica)
+            response = await forward_while_held(ex, lease, lost)
+        backend.breaker.success()
+        if backend.grouped and (breaker := backend.replicas[lease.replica].breaker) is not None:
+            breaker.success()  # (a group's replicas each have one)
         return response
     except UpstreamFailure as failure:
         # The engine's faults only: a group's against the replica; an unsure one waits for
         # the backend's health check with the slot held, so that a failing engine's queue
         # moves before it frees.
         if backend.grouped and blame(failure) is Blame.ENGINE:
-            ex.gw.replica_health.report(lease.pool, lease.replica, failure)
+            ex.gw.replica_health.report(name, lease.replica, failure)
         else:
-            await ex.gw.health.report(lease.pool, failure)
+            await ex.gw.health.report(name, failure)
         if failure.kind is FailureKind.UPSTREAM_429:  # its own backpressure: honour its
             wait_s = parse_retry_after(failure.headers.get("Retry-After"))  # Retry-After
             if not (backend.grouped and ex.gw.replica_health.throttle(
-                    lease.pool, lease.replica, wait_s)):  # the replica alone, if others serve
-                ex.gw.health.throttle(lease.pool, wait_s)
+                    name, lease.replica, wait_s)):  # the replica alone, if others serve
+                ex.gw.health.throttle(name, wait_s)
         raise
     finally:
         held_s = lease.held_s
-        ex.rec.slot_ms = held_s * 1000
-        ex.gw.metrics.held(lease.pool, held_s)
+        rec.slot_ms = held_s * 1000
+        backend.series.held(held_s)
         if work:
             unplaced(backend, lease, work)
-        backend.clock.observe(answered(ex.rec, held_s, parsed.max_tokens,  # before the
+        backend.clock.observe(answered(rec, held_s, parsed.max_tokens,  # before the
                                        parsed.endpoint.api in GENERATIVE_APIS))  # forecasts
-        if ex.rec.completion_tokens is not None:  # what a fair line charges its tenant
-            lease.charge(ex.rec.completion_tokens)
+        if rec.completion_tokens is not None:  # what a fair line charges its tenant
+            lease.charge(rec.completion_tokens)
         await lease.release()
 
 

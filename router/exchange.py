@@ -49,7 +49,7 @@ class Exchange:
         self.rec = rec
         self.response: web.StreamResponse | None = None  # set once SSE headers went out
         self.facts: RequestFacts | None = None  # the classifier's verdict, made at most once
-        self.parsed: ParsedRequest | None = None
+        self.parsed: ParsedRequest | None = None  # once its body is read: `request_body`
         self.place: Placement | None = None  # for a group's pick, made at most once
         self.failed_on: list[str] = []  # replicas it failed on before its first byte
         self.priority = Priority.STANDARD
@@ -63,40 +63,48 @@ class Exchange:
         self.failed: FailureKind | None = None  # how its upstream exchange failed, if it did
         self.big = False  # its body was parsed off the loop (router.request.big_body)
 
-    def prompt_tokens(self, parsed: ParsedRequest) -> int:
+    @property
+    def request_body(self) -> ParsedRequest:
+        """The request as parsed: read only once its body is (from admission on)."""
+        parsed = self.parsed
+        assert parsed is not None, "the request's body is not parsed yet"
+        return parsed
+
+    def prompt_tokens(self) -> int:
         """A generous estimate of the prompt's tokens, from the whole body's size (worked
         out once)."""
         if self._prompt is None:
-            self._prompt = body_tokens(parsed.raw)
+            self._prompt = body_tokens(self.request_body.raw)
         return self._prompt
 
-    def share(self, parsed: ParsedRequest) -> Share:
+    def share(self) -> Share:
         """Whose it is in a `fair` line: its tenant (no key: its caller's own) and weight."""
-        return Share(self.rec.tenant or "", self.weight, self.prompt_tokens(parsed))
+        return Share(self.rec.tenant or "", self.weight, self.prompt_tokens())
 
-    def fair_share(self, backend: Backend, parsed: ParsedRequest) -> Share | None:
+    def fair_share(self, backend: Backend) -> Share | None:
         """Its share where `backend`'s line is fair (a free slot there is charged to its
         tenant); else None, at no cost."""
         if backend.config.queue_order is QueueOrder.FIFO:
             return None
-        return self.share(parsed)
+        return self.share()
 
-    def needs(self, parsed: ParsedRequest) -> Needs:
+    def needs(self) -> Needs:
         """What the request needs of a backend (worked out once, when first asked)."""
         if self._needs is None:
-            self._needs = needs_of(parsed.body, self.prompt_tokens(parsed), parsed.max_tokens,
+            parsed = self.request_body
+            self._needs = needs_of(parsed.body, self.prompt_tokens(), parsed.max_tokens,
                                    parsed.endpoint.api)
         return self._needs
 
-    def able(self, parsed: ParsedRequest, primary: str) -> Capable:
+    def able(self, primary: str) -> Capable:
         """The backends that may take the request, `primary` (its route's) whatever it
         lacks: asked of a policy only if the request may leave its primary."""
-        return Capable(self, parsed, primary)
+        return Capable(self, primary)
 
-    def wants_events(self, parsed: ParsedRequest) -> bool:
+    def wants_events(self) -> bool:
         """Did the client ask for the named queue events (in the body or a header)?"""
         header = self.request.headers.get("X-Slotgate-Queue-Events", "")
-        return parsed.queue_events or header.lower() in ("true", "1", "yes")
+        return self.request_body.queue_events or header.lower() in ("true", "1", "yes")
 
     def headers(self) -> dict[str, str]:
         """The gateway's headers on the answer: where it went, why, and its wait."""
@@ -116,15 +124,15 @@ class Exchange:
             out["x-slotgate-dropped-tools"] = rec.dropped_tools
         return out
 
-    def prefer(self, backend: Backend, parsed: ParsedRequest) -> Preference:
+    def prefer(self, backend: Backend) -> Preference:
         """The pick of `backend`'s group for it (a group of one: none)."""
         if not backend.grouped:
             self.rec.pick = self.rec.prefix_blocks = None  # (a retry may come from a group)
             return UNGROUPED
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
-            self.place = placement(parsed, self.request.headers.get("X-Session-Id"), block,
-                                   self.prompt_tokens(parsed))
+            self.place = placement(self.request_body, self.request.headers.get("X-Session-Id"),
+                                   block, self.prompt_tokens())
         pick = preference(backend, self.place, self.failed_on)
         self.rec.pick, self.rec.prefix_blocks = pick.reason, pick.known
         return pick
@@ -171,13 +179,13 @@ class Capable:
     route's primary, and those that serve what it needs (read on the first question, so
     a request that never leaves its primary never works it out)."""
 
-    __slots__ = ("ex", "parsed", "primary")
+    __slots__ = ("ex", "primary")
 
-    def __init__(self, ex: Exchange, parsed: ParsedRequest, primary: str) -> None:
-        self.ex, self.parsed, self.primary = ex, parsed, primary
+    def __init__(self, ex: Exchange, primary: str) -> None:
+        self.ex, self.primary = ex, primary
 
     def __contains__(self, name: object) -> bool:
         if name == self.primary:
             return True  # the route chose it: never second-guessed
         backend = self.ex.config.backends.get(name) if isinstance(name, str) else None
-        return backend is not None and serves(self.ex.needs(self.parsed), backend.ability)
+        return backend is not None and serves(self.ex.needs(), backend.ability)

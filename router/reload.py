@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from policies.config import Config
-from router.assembly import add_backend, watch_replicas, wire_routes
+from router.assembly import add_backend, watch, wire_routes
 from router.common.config_error import ConfigError
 from router.config import load_config
 from router.gateway import Gateway
@@ -83,9 +83,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         if backend == old.backends.get(name):
             continue
         await gw.backends[name].change(backend)
-        gw.metrics.watch(gw.backends[name].pool)  # it may have become a group
-        gw.health.add(name, backend)  # new breaker settings; its count starts again
-        watch_replicas(gw, name)
+        watch(gw, gw.backends[name])  # a group now, perhaps; new breaker settings
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"
                 for name in old.backends.keys() - new.backends.keys()]

@@ -23,7 +23,6 @@ from policies.scheduler.decision import Decision, Refuse
 from policies.slots import Lease, QueueShed, QueueTimeout, SlotPool, Ticket
 from policies.slots.handover import MoveOffers
 from router.candidates import Candidates
-from router.common.parsed import ParsedRequest
 from router.common.record import Phase
 from router.exchange import Capable, Exchange
 from router.request import objective
@@ -57,27 +56,25 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
                            decision.message)
     if decision.probe is not None:  # (no await since the decision: it still holds)
         ex.gw.health.take_probe(decision.probe)
-    rec, parsed = ex.rec, ex.parsed
-    assert parsed is not None
+    rec, parsed = ex.rec, ex.request_body
     backend = ex.gw.backends[decision.backend]
     pool = backend.pool
     rec.backend, rec.reason = decision.backend, decision.reason
     hold_s = decision.hold_s
     if not hold_s:  # (a shared pool may have freed one since its snapshot)
-        lease = await pool.try_acquire(decision.prefer, ex.fair_share(backend, parsed))
+        lease = await pool.try_acquire(decision.prefer, ex.fair_share(backend))
         if lease is not None:
             objective.predict(rec, backend, 0.0, parsed.max_tokens)
             return lease
-    ticket = await pool.enqueue(ex.priority, decision.want, parsed.max_tokens,
-                                ex.share(parsed), hold_s)
+    ticket = await pool.enqueue(ex.priority, decision.want, parsed.max_tokens, ex.share(),
+                                hold_s)
     if ticket is None:
         return None
     objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
-    return await wait(ex, parsed, pool, ticket, decision.movable)
+    return await wait(ex, pool, ticket, decision.movable)
 
 
-async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Ticket,
-               movable: str | None) -> Lease:
+async def wait(ex: Exchange, pool: SlotPool, ticket: Ticket, movable: str | None) -> Lease:
     """Wait in `pool`'s line with `ticket` (or move to the fallback `movable`)."""
     rec, backend = ex.rec, ex.gw.backends[pool.name]
     rec.phase = Phase.QUEUED
@@ -86,13 +83,13 @@ async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Tick
         ex.trace.queued(pool.name, ticket.position, queued_at)
     outcome = "left"  # its client, a drain or its backend's breaker took it out of line
     reporter = None
-    if parsed.stream:
+    if ex.request_body.stream:
         try:
             if ex.response is None:  # a retry that queues again keeps its response
                 await ex.open_stream()
             assert ex.response is not None
             await backend.reporter.listen(ex.request, ex.response, ticket,
-                                          ex.wants_events(parsed),
+                                          ex.wants_events(),
                                           ex.config.server.queue_heartbeat_s, ex.dialect)
         except BaseException as exc:
             await ticket.withdraw()
@@ -121,7 +118,7 @@ async def wait(ex: Exchange, parsed: ParsedRequest, pool: SlotPool, ticket: Tick
         if reporter is not None:
             reporter.leave(ticket)  # from here on, only this handler writes its stream
         rec.queue_wait_ms = (time.perf_counter() - queued_at) * 1000
-        ex.gw.metrics.queue_wait.labels(pool.name).observe(rec.queue_wait_ms / 1000)
+        backend.series.queue_wait.observe(rec.queue_wait_ms / 1000)
         if ex.trace is not None:
             ex.trace.dequeued(outcome, rec.queue_wait_ms)
     return lease

@@ -17,9 +17,9 @@ from router.config import config_from_dict
 from router.reload import apply
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.metrics import Metrics
-from tests.support import StartGateway, sim_backend
+from tests.support import MESSAGES, SdkClients, StartGateway, sim_backend
 from tests.support.scrape import Samples, scrape
-from tests.support.tenants import with_tenants
+from tests.support.tenants import KEYS, with_tenants
 
 STATUS = ("2xx", "4xx", "5xx")
 FAST = {"ttft_s": 0, "tokens_per_s": 0, "output_tokens": 8, "max_num_seqs": 2}
@@ -130,6 +130,22 @@ async def test_a_reload_adds_and_removes_a_backends_series(start: StartGateway) 
     assert carrying(samples, "backend", "extra") == []  # its gauges and counters alike
     assert carrying(samples, "route", "more") == []
     assert missing_zeros(samples, shrunk) == []
+
+
+async def test_a_backend_removed_then_added_again_counts_its_requests_again(
+    start: StartGateway, sdk: SdkClients,
+) -> None:
+    """Its requests update the series its backend keeps (`Metrics.watch`): a removal takes
+    them away, and a reload that brings the backend back hands it new ones."""
+    gw = await start(raw_config(extra=True))
+    await apply(gw.gateway, config_from_dict(raw_config()))
+    assert carrying(await scrape(gw), "backend", "extra") == []
+    await apply(gw.gateway, config_from_dict(raw_config(extra=True)))
+    client = sdk(gw, api_key=KEYS["acme"])
+    assert (await client.chat.completions.create(model="more", messages=MESSAGES)).choices
+    samples = await scrape(gw)
+    assert samples[("llm_slot_holding_time_seconds_count", (("backend", "extra"),))] == 1
+    assert samples[("llm_queue_wait_time_seconds_count", (("backend", "extra"),))] == 0
 
 
 async def test_a_reload_that_removes_a_replica_removes_its_counters(

@@ -92,6 +92,37 @@ async def test_an_invalid_config_is_refused_and_the_old_one_kept(
         await gw.close()
 
 
+async def test_a_changed_backend_and_its_replicas_keep_their_new_breakers(
+    tmp_path: Path,
+) -> None:
+    """The request path counts on the breakers a backend and its group's replicas keep; a
+    reload that changes the backend starts them anew, the same ones the health checks and
+    the scheduler watch by name."""
+    path = tmp_path / "gateway.yaml"
+    sim = {"max_num_seqs": 2, "ttft_s": 0, "tokens_per_s": 0, "output_tokens": 4}
+    raw: dict[str, Any] = {
+        "backends": {"big": {"model": "m", "queue_limit": 4,
+                             "endpoints": [{"simulated": sim, "slots": 2}] * 2}},
+        "routes": {"chat": {"primary": "big"}}, "logging": {"access": False}}
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    gw = await started(path)
+    try:
+        backend, health = gw.gateway.backends["big"], gw.gateway.health
+        before = [backend.breaker, *(r.breaker for r in backend.replicas.values())]
+        raw["backends"]["big"]["queue_limit"] = 8
+        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        assert (await post_reload(gw))[1]["changes"] == ["backend big changed"]
+        assert backend.breaker is health.breakers["big"] and backend.breaker is not before[0]
+        for replica, old in zip(backend.replicas.values(), before[1:], strict=True):
+            assert replica.breaker is not None and replica.breaker is not old
+            for _ in range(replica.breaker.failures_to_open):
+                replica.breaker.failure()
+            assert not gw.gateway.replica_health.healthy("big", replica.name)
+        assert health.is_open("big")  # no replica left: the group's own breaker opened
+    finally:
+        await gw.close()
+
+
 async def test_twenty_reloads_under_load_fail_no_request(sdk: SdkClients, tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     write(path, slots=2, queue_limit=64)

@@ -2,8 +2,8 @@
 
     base         the roles (`SlotPool`, `Lease`, `Ticket`), `PoolSnapshot` and the errors
     local        `LocalSlotPool`: one process, one event loop (`local_tickets`: its leases
-                 and tickets, `line`: a class's FIFO line, `fair`: a class's line shared
-                 fairly between tenants)
+                 and tickets, `local_pins`: its waiters pinned to a replica, `line`: a
+                 class's FIFO line, `fair`: a class's line shared fairly between tenants)
     redis        `RedisSlotPool`: shared by every process through Redis (`lua`: its scripts,
                  `coordinator`: the one client and wake-up subscription per process,
                  `seating`: its group of engine replicas as this process sees it,

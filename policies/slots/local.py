@@ -8,7 +8,8 @@ polling, no wake-all, no barging. When the queue is full, a newcomer of a higher
 takes the place of the newest `sheddable` waiter, who is told so (`QueueShed`). With
 `order_by(QueueOrder.FAIR)` each class's line is shared fairly between tenants instead
 (`policies.slots.fair`): the same hand-off, with the tenant served least first. Its
-leases and tickets: `policies.slots.local_tickets`. No I/O.
+leases and tickets: `policies.slots.local_tickets`; its waiters pinned to a replica:
+`policies.slots.local_pins`. No I/O.
 """
 
 from __future__ import annotations
@@ -33,14 +34,10 @@ from policies.slots.base import (
 )
 from policies.slots.fair import FairLine, FairShares, share_of
 from policies.slots.line import Line
+from policies.slots.local_pins import Lines, PinnedWaiters
 from policies.slots.local_tickets import LocalLease, LocalTicket
 
 __all__ = ["LocalLease", "LocalSlotPool", "LocalTicket"]
-
-Lines = tuple[Line[LocalTicket], ...] | tuple[FairLine, ...]
-# A slot freed on a replica goes to a waiter pinned to it among the first this many of a
-# class, past those ahead of it (who take any replica's next slot).
-PIN_WINDOW = 32
 
 
 class _Seat:
@@ -77,9 +74,9 @@ class LocalSlotPool:
         # takes no look-ahead, as serving by replica would undo its order).
         self.look_ahead, self.max_bypass = 0, 2
         # Waiters may be pinned to a replica for a while (`enqueue(hold_s=...)`): a grouped
-        # pool with a FIFO line (a fair line's order is its own). `_pinned`: how many are.
+        # pool with a FIFO line (a fair line's order is its own). `_pinned`: those that are.
         self.pins = len(replicas or ()) > 1
-        self._pinned = 0
+        self._pinned = PinnedWaiters(self)
         self._seats = {r: _Seat(n) for r, n in (replicas or {name: capacity}).items()}
         self.capacity = self._healthy_slots()
         self.queue_limit = queue_limit
@@ -114,7 +111,7 @@ class LocalSlotPool:
             self.queue_limit,
             self.estimator.mean_s,
             len(self._lines[SHEDDABLE]),
-            self._pinned,
+            self._pinned.count,
         )
 
     def forecast(self, position: int) -> float:
@@ -203,7 +200,7 @@ class LocalSlotPool:
         self._fair = FairShares(self.clock) if order is QueueOrder.FAIR else None
         for line in self._lines:  # a fair line's order is its own: no pins
             for ticket in list(line.tickets):
-                self._unpin(ticket, fill=False)
+                self._pinned.unpin(ticket)
         waiting = [list(line.tickets) for line in self._lines]  # in arrival order
         fair = self._fair
         self._lines = (tuple(Line[LocalTicket]() for _ in Priority) if fair is None
@@ -221,7 +218,7 @@ class LocalSlotPool:
                        share: Share | None = None) -> LocalLease | None:
         # Newcomers never overtake waiters: a slot is free while some wait only when every
         # one of them is pinned to another replica (`_fill` ran since).
-        if self.queued > self._pinned:
+        if self.queued > self._pinned.count:
             return None
         replica = self._free_seat(prefer)
         if replica is None:
@@ -251,15 +248,14 @@ class LocalSlotPool:
             if rank >= SHEDDABLE or not victims:
                 return None
             victim = victims.pop_tail()  # the newest of the lowest class
-            self._unpin(victim, fill=False)
+            self._pinned.unpin(victim)
             if not victim._future.done():
                 victim._future.set_exception(QueueShed())
         ticket = LocalTicket(self, asyncio.get_running_loop().create_future(), rank, want,
                              max_tokens, share)
         self._lines[rank].append(ticket)
         if hold_s > 0 and want in self._seats and self.pins and self._fair is None:
-            ticket.pin = ticket._future.get_loop().call_later(hold_s, self._unpin, ticket)
-            self._pinned += 1
+            self._pinned.pin(ticket, hold_s, self._unpin)
         # Places move only if it lined up ahead of someone (a lower class waits; in a fair
         # line, anyone of its class a tenant served more than its own).
         ahead = self._fair is not None or any(
@@ -277,18 +273,13 @@ class LocalSlotPool:
         return within + sum(len(self._lines[rank]) for rank in range(ticket.rank))
 
     def _leave(self, ticket: LocalTicket) -> None:
-        self._unpin(ticket, fill=False)
+        self._pinned.unpin(ticket)
         if self._lines[ticket.rank].remove(ticket):
             self._changed()
 
-    def _unpin(self, ticket: LocalTicket, fill: bool = True) -> None:
-        """`ticket` takes any replica from now on (its patience is over, or it left)."""
-        if ticket.pin is None:
-            return
-        ticket.pin.cancel()
-        ticket.pin = None
-        self._pinned -= 1
-        if fill and self._free_seat(()) is not None:
+    def _unpin(self, ticket: LocalTicket) -> None:
+        """`ticket`'s patience is over: it takes any replica from now on (a free one now)."""
+        if self._pinned.unpin(ticket) and self._free_seat(()) is not None:
             self._fill(self.clock(), ())
             self._changed()
 
@@ -301,8 +292,7 @@ class LocalSlotPool:
         now = self.clock()
         running = [lease.progress.running(now - granted)
                    for lease, granted in self._leases.items() if lease.replica == replica]
-        waiting = [t.max_tokens for line in self._lines for t in line.tickets
-                   if t.pin is not None and t.want == replica]
+        waiting = self._pinned.pinned_to(replica)
         waits = line_starts(self.answers, self.estimator, running, seat.slots, waiting,
                             len(waiting) + 1)
         return waits[-1]
@@ -322,8 +312,8 @@ class LocalSlotPool:
 
     def _fill(self, now: float, prefer: Sequence[str]) -> None:
         """Hand free slots (first on `prefer`'s replicas) to the first live waiters."""
-        if self._pinned:
-            self._fill_pinned(now, prefer)
+        if self._pinned.count:
+            self._pinned.fill(now, prefer)
             return
         for line in self._lines:
             while line:
@@ -336,39 +326,6 @@ class LocalSlotPool:
                     ticket._future.set_result(lease)
                     if self._fair is not None:
                         self._fair.granted(share_of(ticket), lease)
-
-    def _fill_pinned(self, now: float, prefer: Sequence[str]) -> None:
-        """As `_fill`, with waiters pinned to a replica: each free slot goes to the first
-        waiter pinned to its replica among the first `PIN_WINDOW`, else to the first that
-        takes any replica; a slot no waiter takes stays free (for a newcomer)."""
-        granted = True
-        while granted:
-            granted = False
-            for replica in self._free_seats(prefer):
-                ticket = self._taker(replica)
-                if ticket is not None:
-                    self._lines[ticket.rank].remove(ticket)
-                    self._unpin(ticket, fill=False)
-                    ticket._future.set_result(self._take(replica, now, ticket.max_tokens))
-                    granted = True
-                    break
-
-    def _taker(self, replica: str) -> LocalTicket | None:
-        """The waiter a slot freed on `replica` goes to (None: no one takes it)."""
-        first = None
-        for line in self._lines:
-            for seen, ticket in enumerate(line.tickets):
-                if ticket._future.done():
-                    continue
-                if ticket.pin is not None and ticket.want == replica:
-                    return ticket
-                if first is None and (ticket.pin is None or not self._takes(ticket.want)):
-                    first = ticket
-                if first is not None and seen >= PIN_WINDOW:
-                    break
-            if first is not None:
-                return first
-        return None
 
     def _takes(self, replica: str | None) -> bool:
         seat = self._seats.get(replica) if replica is not None else None

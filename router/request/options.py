@@ -28,26 +28,24 @@ if TYPE_CHECKING:
     from policies.clock.answers import AnswerModel
     from policies.config import RouteConfig
     from router.backend import Backend
-    from router.common.parsed import ParsedRequest
     from router.exchange import Exchange
 
-def options(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> list[Option]:
+def options(ex: Exchange, route: RouteConfig) -> list[Option]:
     """The primary's option, then each fallback's, in the route's order."""
     backends, configs = ex.gw.backends, ex.config.backends
-    needs = ex.needs(parsed)
+    needs = ex.needs()
     model = configs[route.primary].model
-    found = [_option(ex, parsed, backends[route.primary], OptionKind.PRIMARY, None)]
+    found = [_option(ex, backends[route.primary], OptionKind.PRIMARY, None)]
     for name in route.fallbacks:
         config = configs[name]
         kind = (OptionKind.OVERFLOW if model is not None and config.model == model
                 else OptionKind.SMALL)
-        found.append(_option(ex, parsed, backends[name], kind, lack(needs, config.ability)))
+        found.append(_option(ex, backends[name], kind, lack(needs, config.ability)))
     return found
 
 
-def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionKind,
-            lacking: Lack | None) -> Option:
-    pool = backend.pool
+def _option(ex: Exchange, backend: Backend, kind: OptionKind, lacking: Lack | None) -> Option:
+    parsed, pool = ex.request_body, backend.pool
     snap = pool.snapshot()
     if snap.open:
         wait_s = 0.0
@@ -59,7 +57,7 @@ def _option(ex: Exchange, parsed: ParsedRequest, backend: Backend, kind: OptionK
     ttft_s = spent_s + wait_s + expected_first_byte_s(backend, parsed.stream, parsed.max_tokens)
     output = expected_output(backend.clock.answers, parsed.max_tokens)
     config = backend.config
-    cost = request_cost(config.price, max(config.slots, 1), ex.prompt_tokens(parsed), output,
+    cost = request_cost(config.price, max(config.slots, 1), ex.prompt_tokens(), output,
                         backend.clock.slot_s(output))
     return Option(kind, backend.name, ttft_s, cost, lacking)
 

@@ -18,7 +18,6 @@ from policies.limits.quotas import QuotaHold
 from policies.pricing.costs import request_cost
 
 if TYPE_CHECKING:
-    from router.common.parsed import ParsedRequest
     from router.exchange import Exchange
 
 DEFAULT_ANSWER_TOKENS = 4096  # the answer's estimate when a request sets no max_tokens
@@ -31,9 +30,9 @@ def precheck(ex: Exchange, key_id: str) -> None:
         raise ex.rejection(refusal.reason, refusal.retry_in_s, None, refusal.message)
 
 
-def estimate(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> tuple[int, float]:
+def estimate(ex: Exchange, route: RouteConfig) -> tuple[int, float]:
     """The request's estimated tokens (prompt + answer) and cost on the route's primary."""
-    prompt = ex.prompt_tokens(parsed)
+    parsed, prompt = ex.request_body, ex.prompt_tokens()
     backend = ex.config.backends[route.primary]
     if parsed.endpoint.api is Api.EMBEDDINGS:
         answer = 0
@@ -49,11 +48,10 @@ def estimate(ex: Exchange, parsed: ParsedRequest, route: RouteConfig) -> tuple[i
     return prompt + answer, request_cost(backend.price, backend.slots, prompt, answer, slot_s)
 
 
-async def reserve(ex: Exchange, key_id: str, parsed: ParsedRequest,
-                  route: RouteConfig) -> None:
+async def reserve(ex: Exchange, key_id: str, route: RouteConfig) -> None:
     """Reserve the request's estimate against its key's limits, or refuse it (429, or
     503 when the shared book is away and fails closed)."""
-    tokens, cost = estimate(ex, parsed, route)
+    tokens, cost = estimate(ex, route)
     shared = ex.gw.shared_quotas
     if shared is not None:
         held = await shared.reserve(key_id, tokens, cost)

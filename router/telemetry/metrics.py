@@ -176,9 +176,6 @@ class Metrics:
     def usage_rejected(self, backend: str) -> None:
         self.engine_usage_rejected.add((backend,), 1)
 
-    def held(self, pool: str, seconds: float) -> None:
-        self.holding.observe(self.holding.series((pool,)), seconds)
-
     def add_cost(self, backend: str, currency: str, amount: float) -> None:
         self.cost.add((backend, currency), amount)
 
@@ -191,13 +188,15 @@ class Metrics:
               registry=self.registry).set_function(lambda: ledger.pending)
         self.registry.register(_LedgerCollector(ledger))
 
-    def watch(self, pool: SlotPool) -> None:
+    def watch(self, pool: SlotPool) -> BackendSeries:
         """Export the pool's gauges (again after a reload changed it: a backend may have
-        become a group); its counters start at the next `configure`."""
+        become a group); its counters start at the next `configure`. Returns the series its
+        requests update, for its backend to keep."""
         self._pools[pool.name] = pool
         self._groups.discard(pool.name)
         if len(pool.seats()) > 1:
             self._groups.add(pool.name)
+        return BackendSeries(self, pool.name)
 
     def configure(self, config: Config) -> None:
         """Every series whose labels the config names, at 0 before its first event; those
@@ -292,6 +291,23 @@ class Metrics:
         names = frozenset({self.tenant_tokens.name, self.tenant_wait.name})
         return generate_latest(_OneTenant(self.registry, names, self.tenant_label(tenant)
                                           if tenant else None))
+
+
+class BackendSeries:
+    """The series of one backend that each of its requests updates, looked up once
+    (`Metrics.watch`) rather than by its name per request. A reload that removes the
+    backend drops them from the exposition: its requests still running update them unseen."""
+
+    __slots__ = ("_holding", "_spread", "queue_wait")
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self.queue_wait = metrics.queue_wait.labels(name)  # its requests' waits in line
+        self._spread = metrics.holding
+        self._holding = metrics.holding.series((name,))
+
+    def held(self, seconds: float) -> None:
+        """A request let its slot go after holding it `seconds`."""
+        self._spread.observe(self._holding, seconds)
 
 
 class _OneTenant:

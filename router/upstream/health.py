@@ -67,7 +67,7 @@ class BackendOpened(Exception):
 
 
 class BackendHealth:
-    """One breaker per backend, and the retries in flight."""
+    """One breaker per backend (each also on its `Backend`), and the retries in flight."""
 
     def __init__(self) -> None:
         self.breakers: dict[str, CircuitBreaker] = {}
@@ -79,11 +79,14 @@ class BackendHealth:
         self._opened: dict[str, asyncio.Future[None]] = {}  # for waiters in its queue
         self._cool_until: dict[str, float] = {}  # backend -> end of its own Retry-After
 
-    def add(self, name: str, backend: BackendConfig) -> None:
+    def add(self, name: str, backend: BackendConfig) -> CircuitBreaker:
+        """A new breaker for `name` (again after a reload: its count starts anew), watched
+        here and returned for its backend to keep."""
         breaker = CircuitBreaker(backend.breaker_failures, backend.breaker_open_s,
                                  time.monotonic)
         breaker.on_change = lambda state: self._changed(name, state)
         self.breakers[name] = breaker
+        return breaker
 
     def _changed(self, name: str, state: BreakerState) -> None:
         if state is BreakerState.OPEN:

@@ -32,7 +32,7 @@ _CONCLUSIVE = frozenset({FailureKind.REFUSED, FailureKind.CONNECT_TIMEOUT})
 
 
 class ReplicaHealth:
-    """The breakers of every grouped backend's replicas."""
+    """The breakers of every grouped backend's replicas (each also on its `Replica`)."""
 
     def __init__(self, backends: BackendHealth) -> None:
         self.backends = backends
@@ -42,14 +42,17 @@ class ReplicaHealth:
         self._probers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._cooling: dict[tuple[str, str], asyncio.TimerHandle] = {}  # after their 429
 
-    def add(self, backend: str, replica: str, config: BackendConfig, pool: SlotPool) -> None:
-        """Watch `replica` of `backend` (again after a reload: its count starts anew)."""
+    def add(self, backend: str, replica: str, config: BackendConfig,
+            pool: SlotPool) -> CircuitBreaker:
+        """Watch `replica` of `backend` (again after a reload: its count starts anew); its
+        breaker is returned for the replica to keep."""
         breaker = CircuitBreaker(config.breaker_failures, config.breaker_open_s,
                                  time.monotonic)
         breaker.on_change = lambda state: self._changed(backend, replica, state)
         self._breakers[(backend, replica)] = breaker
         self._pools[backend] = pool
         pool.set_healthy(replica, True)
+        return breaker
 
     def report(self, backend: str, replica: str, failure: UpstreamFailure) -> None:
         """A request on `replica` failed: count it if the engine is to blame."""
@@ -82,11 +85,6 @@ class ReplicaHealth:
         self._cooling.pop((backend, replica), None)
         if self.healthy(backend, replica):  # its breaker may have opened meanwhile
             self._pools[backend].set_healthy(replica, True)
-
-    def succeeded(self, backend: str, replica: str) -> None:
-        breaker = self._breakers.get((backend, replica))
-        if breaker is not None:
-            breaker.success()
 
     def healthy(self, backend: str, replica: str) -> bool:
         breaker = self._breakers.get((backend, replica))
