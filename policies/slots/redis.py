@@ -286,8 +286,17 @@ class RedisSlotPool:
     # -- by id, retried: a timed-out call may have happened ---------------------------------
 
     async def release_id(self, lease_id: str, tokens: int = 0) -> None:
-        """`tokens`: its answer's tokens not charged yet (a `fair` line's)."""
-        await self._retried("release", lease_id, *([tokens] if self.fair else []))
+        """`tokens`: its answer's tokens not charged yet (a `fair` line's). A first call
+        that fails is retried in the background: the answer whose slot it was does not
+        wait on Redis (through a blip it would, up to the lease's TTL)."""
+        more = [tokens] if self.fair else []
+        try:
+            _, *counts = await self.coordinator.call(
+                self.script["release"], self.keys, [lease_id, self.channel, *more])
+        except CoordinationError:
+            self.coordinator.in_background(lambda: self._retried("release", lease_id, *more))
+            return
+        self._state(*counts)
 
     async def withdraw_id(self, ticket_id: str) -> None:
         """Leave the line; if the ticket was granted meanwhile, release that lease."""
