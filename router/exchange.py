@@ -25,7 +25,7 @@ from router.common.parsed import ParsedRequest
 from router.common.record import Phase, RequestRecord
 from router.common.sse import SSE_HEADERS
 from router.gateway import Gateway
-from router.placement import UNGROUPED, Placement, Preference, placement, preference
+from router.placement import Placement, Preference, placement, preference
 from router.request.body import BodyHold
 from router.upstream.proxy import ClientGone
 
@@ -125,10 +125,7 @@ class Exchange:
         return out
 
     def prefer(self, backend: Backend) -> Preference:
-        """The pick of `backend`'s group for it (a group of one: none)."""
-        if not backend.grouped:
-            self.rec.pick = self.rec.prefix_blocks = None  # (a retry may come from a group)
-            return UNGROUPED
+        """The pick of `backend`'s group for it (`Candidates.place` asks it of groups only)."""
         block = backend.config.affinity.block_bytes
         if self.place is None or self.place.block_bytes != block:
             self.place = placement(self.request_body, self.request.headers.get("X-Session-Id"),

@@ -60,14 +60,10 @@ class Preference(NamedTuple):
         return 0.0 if self.hold is None else self.hold.patience_s
 
 
-UNGROUPED = Preference((), None, None, None)  # a group of one: nothing to pick
-
-
 def preference(backend: Backend, place: Placement, avoid: Sequence[str] = ()) -> Preference:
-    """The pick of `backend`'s group for `place`. Replicas in `avoid` (the request failed
-    there) are picked only when nothing else is free."""
-    if not backend.grouped:
-        return UNGROUPED
+    """The pick of `backend`'s group (more than one replica: the scheduler's view asks
+    only of those) for `place`. Replicas in `avoid` (the request failed there) are picked
+    only when nothing else is free."""
     replicas, readings = backend.replicas, backend.readings
     stale_s, now = backend.config.signals.stale_after_s, time.monotonic()
     snapshot = [pick.Replica(s.name, s.slots, s.active,
