@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from classifier.text import request_text
 from policies.config import RouteConfig, RouteFallbackConfig
 from policies.scheduler.brevity import lean_simple
-from policies.scheduler.fallback import Candidate, RequestFacts
 from policies.scheduler.objective import Option, qualifies
+from policies.scheduler.steering import Candidate, RequestFacts
 from policies.slots import PoolSnapshot
 from router.exchange import Capable, Exchange
 from router.placement import Preference

@@ -16,7 +16,7 @@ from policies.health.failures import FailureKind
 from policies.limits.quotas import QuotaHold
 from policies.scheduler.admission import RejectReason
 from policies.scheduler.capabilities import Needs, body_tokens, needs_of, serves
-from policies.scheduler.fallback import RequestFacts
+from policies.scheduler.steering import RequestFacts
 from policies.slots import Share, SlotPool
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend

@@ -21,7 +21,7 @@ from policies.scheduler.capabilities import (
     needs_of,
     serves,
 )
-from policies.scheduler.fallback import Plan, Retry, Standing, Unavailable, lead, retry_on, without
+from policies.scheduler.failover import Plan, Retry, Standing, Unavailable, lead, retry_on, without
 from policies.slots import PoolSnapshot
 
 TOOLS, VISION, SCHEMA = Capability.TOOLS, Capability.VISION, Capability.JSON_SCHEMA

@@ -1,4 +1,4 @@
-"""Failover (policies.scheduler.fallback): the route a request is admitted on, a route without a
+"""Failover (policies.scheduler.failover): the route a request is admitted on, a route without a
 backend that opened, the backend a failed request is retried on; and the standing
 snapshot they read."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from policies.config import Overflow, RouteConfig
 from policies.health.breaker import BreakerState, CircuitBreaker
-from policies.scheduler.fallback import (
+from policies.scheduler.failover import (
     RETRY_MIN,
     Plan,
     Retry,

@@ -1,4 +1,4 @@
-"""fallback.decide: every condition that keeps a request on the primary or moves it."""
+"""steering.decide: every condition that keeps a request on the primary or moves it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from policies.config import FallbackWhen, RouteFallbackConfig
 from policies.scheduler.capabilities import Capability, Lack, estimate_tokens
-from policies.scheduler.fallback import Candidate, Move, RequestFacts, Stay, StayReason, decide
+from policies.scheduler.steering import Candidate, Move, RequestFacts, Stay, StayReason, decide
 from policies.slots import PoolSnapshot
 
 SATURATED = PoolSnapshot("big", 3, 3, 4, 10, 30.0)  # a place in line: ~50 s

@@ -13,9 +13,10 @@ import pytest
 from policies.config import FallbackWhen, Overflow, Priority, RouteConfig, RouteFallbackConfig
 from policies.scheduler.admission import RejectReason
 from policies.scheduler.decision import Refuse, Run, Wait
-from policies.scheduler.fallback import Candidate, RequestFacts, Standing
+from policies.scheduler.failover import Standing
 from policies.scheduler.objective import Option, OptionKind
 from policies.scheduler.pipeline import decide, retry
+from policies.scheduler.steering import Candidate, RequestFacts
 from policies.slots import PoolSnapshot
 
 UP, DOWN, PROBE = Standing.UP, Standing.DOWN, Standing.PROBE

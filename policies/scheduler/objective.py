@@ -52,7 +52,7 @@ class Choice:
 
 
 def qualifies(intent: str, p_simple: float, rule: RouteFallbackConfig) -> bool:
-    """May the request go to the small model? The gate steering uses (`fallback.decide`):
+    """May the request go to the small model? The gate steering uses (`steering.decide`):
     the route sends simple requests to its fallbacks (`when` not `never`; `always` as
     `saturated`: the objective, not the load, then decides), the intent is one of the
     route's `intents`, with at least `min_confidence`."""

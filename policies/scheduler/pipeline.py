@@ -4,14 +4,14 @@ view reads each fact of the live gateway at most once per decision, when a stage
 
 The stages, in order (each a pure function of its own module):
 
-    health      `fallback.lead`      the route without its sick backends (or the probe),
+    health      `failover.lead`      the route without its sick backends (or the probe),
                                      or refused: backend_unavailable
     load        `admission.decide`   run on the primary, wait in its line, overflow to a
                                      fallback, or refused: queue_full
     objective   `objective.choose`   (`fallback.when: objective`, a request that would
                                      wait) the cheapest option meeting its TTFT objective,
                                      or refused: objective_shed
-    steering    `fallback.decide`    (`when: saturated | always`) a simple request to the
+    steering    `steering.decide`    (`when: saturated | always`) a simple request to the
                                      small model, now or the moment a slot frees there
     replica     `pick.pick`,         on a group: the replica by mode and load, or the wait
                 `pick.hold_out`      for the busy one holding its prefix
@@ -19,7 +19,7 @@ The stages, in order (each a pure function of its own module):
 A re-decision calls the same function on a fresh view: another attempt when a shared
 pool's snapshot went stale, a route whose backend failed while it waited (`without`),
 and a retry before the first byte (`retry`: a sibling replica or the next backend, by
-`fallback.retry_on`, then the same stages from `load` on).
+`failover.retry_on`, then the same stages from `load` on).
 """
 
 from __future__ import annotations
@@ -32,18 +32,10 @@ from policies.scheduler.admission import Reject, RejectReason
 from policies.scheduler.admission import Wait as Queue
 from policies.scheduler.admission import decide as admit
 from policies.scheduler.decision import Decision, Refuse, Run, Wait
-from policies.scheduler.fallback import (
-    Candidate,
-    Move,
-    RequestFacts,
-    Standing,
-    Unavailable,
-    lead,
-    retry_on,
-    without,
-)
-from policies.scheduler.fallback import decide as steer
+from policies.scheduler.failover import Standing, Unavailable, lead, retry_on, without
 from policies.scheduler.objective import Choice, Option, OptionKind, choose, qualifies
+from policies.scheduler.steering import Candidate, Move, RequestFacts
+from policies.scheduler.steering import decide as steer
 from policies.slots import PoolSnapshot
 
 
@@ -121,7 +113,7 @@ def retry(request: Request, view: View, chain: Sequence[str], failed_on: str,
           retrying: int, running: int, sibling: bool) -> Decision | None:
     """Where a request that failed on `failed_on` before its first byte goes next (None:
     nowhere, its failure stands): a sibling replica when its group has one that takes
-    work, else the chain's next backend that does (`fallback.retry_on`); then admitted
+    work, else the chain's next backend that does (`failover.retry_on`); then admitted
     there as any request, without steering."""
     again = retry_on(chain, failed_on, view.standing(chain), retrying, running,
                      sibling=sibling, able=request.able)

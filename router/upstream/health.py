@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from policies.config import BackendConfig
 from policies.health import failures
 from policies.health.breaker import Blame, BreakerState, CircuitBreaker, confirmed_failures
-from policies.scheduler.fallback import Standing
+from policies.scheduler.failover import Standing
 from router.upstream.failures import UpstreamFailure
 
 MAX_THROTTLE_S = 300.0  # an upstream Retry-After is honoured up to this
@@ -144,7 +144,7 @@ class BackendHealth:
         return max(0.0, self._cool_until.get(name, 0.0) - time.monotonic())
 
     def standing(self, names: Iterable[str]) -> Mapping[str, Standing]:
-        """Each backend's standing now, for `policies.scheduler.fallback` (nothing changes: a due
+        """Each backend's standing now, for `policies.scheduler.failover` (nothing changes: a due
         probe stays due until `take_probe`)."""
         return {name: self._standing(name) for name in names}
 
