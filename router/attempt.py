@@ -7,6 +7,7 @@ each try (a retry before the first byte is a new attempt).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from policies.scheduler.capabilities import Capability
 from policies.slots import Lease
 from router.common.record import Phase
 from router.exchange import Exchange
+from router.placement import prefilled
 from router.request import objective
 from router.request.usage import bounded_usage, count_tokens
 from router.upstream.failures import UpstreamFailure
@@ -42,6 +44,20 @@ async def forward_while_held(ex: Exchange, lease: Lease,
     if not forwarding.cancelled():
         return forwarding.result()
     raise ex.rejection(RejectReason.SLOT_LOST, 0, lease.pool)
+
+
+def first_byte(ex: Exchange, lease: Lease) -> Callable[[float], None]:
+    """What the attempt's first byte tells: the request's time to first token (its
+    objective judged) and, on a group, that its replica now holds its prompt."""
+    rec, metrics = ex.rec, ex.gw.metrics
+    backend = ex.gw.backends[lease.pool]
+    if not backend.grouped or ex.place is None:
+        return lambda at: objective.first_token(rec, metrics, at)
+
+    def came(at: float) -> None:
+        objective.first_token(rec, metrics, at)
+        prefilled(backend, lease.replica, ex.place)
+    return came
 
 
 async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
@@ -69,7 +85,7 @@ async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
-        on_first_byte=lambda at: objective.first_token(rec, ex.gw.metrics, at),
+        on_first_byte=first_byte(ex, lease),
         translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
         usage=bounded_usage(ex.prompt_tokens(), parsed.max_tokens,
                             Capability.VISION in ex.needs().capabilities,

@@ -4,7 +4,10 @@ its slot: the replica's token work in flight and the prefix table.
 The decision is `policies.scheduler.pick.pick` over a snapshot of the group's seats and loads; the
 pool then grants the first free slot in that preference, atomically. A group of one
 skips all of it. A waiter takes the replica whose slot freed first (the line is the
-group's), and its prompt's blocks are recorded there all the same.
+group's), and its prompt's blocks are recorded there all the same, once the engine has
+prefilled them (`prefilled`: its first byte), not when the slot is granted: until then the
+replica's cache does not hold them, and a request sent there for them would prefill them
+again.
 """
 
 from __future__ import annotations
@@ -120,10 +123,10 @@ def _hold(backend: Backend, place: Placement, snapshot: Sequence[pick.Replica],
 
 
 def placed(backend: Backend, lease: Lease, place: Placement | None) -> int:
-    """The request runs on `lease.replica`: count its work there and remember its prefix;
-    returns the tokens to give back when it ends (`unplaced`). Its work is what the engine
-    must do: the prompt tokens it does not hold (the known prefix there is not prefilled
-    again, as the pick counts it) and the answer."""
+    """The request runs on `lease.replica`: count its work there; returns the tokens to
+    give back when it ends (`unplaced`). Its work is what the engine must do: the prompt
+    tokens it does not hold (the known prefix there is not prefilled again, as the pick
+    counts it) and the answer."""
     replica = backend.replicas.get(lease.replica)
     if replica is None or place is None:
         return 0
@@ -133,9 +136,16 @@ def placed(backend: Backend, lease: Lease, place: Placement | None) -> int:
         match = table.match(place.hashes)
         if match.replica == lease.replica:
             work -= min(match.blocks * place.block_bytes // BYTES_PER_TOKEN, work)
-        table.record(place.hashes, lease.replica)
     replica.load_tokens += work
     return work
+
+
+def prefilled(backend: Backend, replica: str, place: Placement | None) -> None:
+    """The engine of `replica` has prefilled the request's prompt (its first byte came):
+    its cache now holds the prompt's blocks, and the table says so."""
+    table = backend.affinity
+    if table is not None and place is not None and place.hashes:
+        table.record(place.hashes, replica)
 
 
 def unplaced(backend: Backend, lease: Lease, tokens: int) -> None:

@@ -146,23 +146,54 @@ async def test_a_replica_counts_only_the_work_its_cache_does_not_spare(
     messages: Any = [{"role": "system", "content": "You are a careful assistant. " * 150},
                      {"role": "user", "content": "a question"}]
     backend = gw.gateway.backends["big"]
-    for sim in (engine(gw, "big", name) for name in backend.replicas):
-        sim.hold()
-    home, calls, loads = engine(gw, "big", "big-0"), [], [0]  # ties go to the first name
-    for count, rid in enumerate(("cold", "warm"), start=1):
-        calls.append(asyncio.create_task(client.chat.completions.create(
-            model="chat", messages=messages, max_tokens=1, extra_headers={"X-Request-Id": rid})))
-        await home.wait_until(lambda sim, count=count: sim.held == count)  # type: ignore[misc]
-        loads.append(sum(r.load_tokens for r in backend.replicas.values()))
-    for name in backend.replicas:
-        engine(gw, "big", name).release()
-    await asyncio.gather(*calls)
+    home, loads = engine(gw, "big", "big-0"), {}  # ties go to the first name
+    for rid in ("cold", "warm"):  # the second once the first has been prefilled
+        for sim in (engine(gw, "big", name) for name in backend.replicas):
+            sim.hold()
+        call = asyncio.create_task(client.chat.completions.create(
+            model="chat", messages=messages, max_tokens=1, extra_headers={"X-Request-Id": rid}))
+        await home.wait_until(lambda sim: sim.held == 1)
+        loads[rid] = sum(r.load_tokens for r in backend.replicas.values())
+        home.release()
+        await call
     records = {r.request_id: r for r in gw.gateway.recent}
-    cold, warm = loads[1], loads[2] - loads[1]
     known = records["warm"].prefix_blocks or 0
     assert known > 0 and records["warm"].replica == records["cold"].replica == "big-0"
-    assert warm == cold - known * 256 // 4  # its known blocks are not prefilled again
-    assert sum(r.load_tokens for r in backend.replicas.values()) == 0
+    assert loads["warm"] == loads["cold"] - known * 256 // 4  # its known blocks are not
+    assert sum(r.load_tokens for r in backend.replicas.values()) == 0  # prefilled again
+    await assert_idle(gw)
+
+
+async def test_a_replica_holds_a_prompt_once_its_engine_has_prefilled_it(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    """A prompt's blocks are the replica's from its first byte, not from its slot: a
+    second request of the same prefix sent meanwhile would prefill it there again."""
+    gw = await start(group(4, 4))
+    client = sdk(gw)
+    messages: Any = [{"role": "system", "content": "You are a careful assistant. " * 150},
+                     {"role": "user", "content": "a question"}]
+    sims = [engine(gw, "big", name) for name in ("big-0", "big-1")]
+    for sim in sims:
+        sim.hold()  # every generation paused before its first token
+    calls = []
+    for rid, sim in (("first", sims[0]), ("meanwhile", sims[1])):
+        calls.append(asyncio.create_task(client.chat.completions.create(
+            model="chat", messages=messages, stream=True,
+            extra_headers={"X-Request-Id": rid})))
+        await sim.wait_until(lambda sim: sim.held == 1)
+    for sim in sims:
+        sim.release()
+    for call in calls:
+        async for _ in await call:
+            pass
+    later = await client.chat.completions.with_raw_response.create(
+        model="chat", messages=messages, extra_headers={"X-Request-Id": "later"})
+    picks = {r.request_id: (r.replica, r.pick) for r in gw.gateway.recent}
+    assert picks["first"] == ("big-0", "least_loaded")
+    assert picks["meanwhile"] == ("big-1", "least_loaded")  # big-0 had not prefilled it yet
+    assert picks["later"][1] == "prefix"  # both hold it now
+    assert later.headers["x-slotgate-endpoint"] in ("big-0", "big-1")
     await assert_idle(gw)
 
 
