@@ -16,6 +16,10 @@ The stages, in order (each a pure function of its own module):
     replica     `pick.pick`,         on a group: the replica by mode and load, or the wait
                 `pick.hold_out`      for the busy one holding its prefix
 
+Before it, the gate (`router.dispatch.admitted`): the key, the body, the route for its
+model and the key's limits, reserved once (in Redis, an atomic call: I/O, which this
+function does not do); docs/architecture.md says why the limits are a gate and not a stage.
+
 A re-decision calls the same function on a fresh view: another attempt when a shared
 pool's snapshot went stale, a route whose backend failed while it waited (`without`),
 and a retry before the first byte (`retry`: a sibling replica or the next backend, by
