@@ -167,17 +167,18 @@ class AnswerModel:
             tokens = max(0.0, float(max_tokens))
         return ttft + max(0.0, tokens - 1.0) / rate
 
-    def fresh_s(self, max_tokens: int | None) -> float | None:
+    def fresh_s(self, max_tokens: int | None, rates: Rates | None = None) -> float | None:
         """Expected slot hold of an answer not yet begun."""
-        return self.remaining_s(0.0, 0, max_tokens)
+        return self.remaining_s(0.0, 0, max_tokens, rates)
 
     def remaining_s(self, elapsed_s: float, tokens: int | None,
-                    max_tokens: int | None) -> float | None:
+                    max_tokens: int | None, rates: Rates | None = None) -> float | None:
         """Expected seconds left of an answer running for `elapsed_s` that has streamed
         `tokens` (None: not counted, e.g. not streamed: what it would have produced by
         now is inferred from the rates). Conditioned on the tokens produced, capped by
-        `max_tokens`."""
-        ttft, rate = self.ttft_s, self.tokens_per_s
+        `max_tokens`. `rates`: one replica's own, in place of the backend's (its answers'
+        lengths are the backend's all the same)."""
+        ttft, rate = (self.ttft_s, self.tokens_per_s) if rates is None else rates
         if ttft is None or rate is None or rate <= 0:
             return None
         if tokens is None:
