@@ -1,6 +1,8 @@
-"""The replicas of a group each have their own clock where they differ: the replica pick's
-hold weighs the cold prefill at the rate of the replica where it would run, and the wait
-for the holder at the holder's own stream rates."""
+"""The replicas of a group each have their own clock where they differ: a group of two
+simulated engines, one prefilling ten times faster than the other, teaches each replica
+its own prefill rate (the group's lies between); the replica pick's hold weighs the cold
+prefill at the rate of the replica where it would run, and the wait for the holder at the
+holder's own stream rates."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from router.backend import Backend
 from router.config import config_from_dict
 from router.placement import Placement, _hold
 from router.request.queue_report import QueueReporter
+from tests.support import SdkClients, StartGateway, assert_idle
 
 SLOW, FAST = 1e-4, 1e-5  # seconds per prompt token each engine prefills
 ENGINE = {"ttft_s": 0.005, "prefix_cache_tokens": 100_000, "tokens_per_s": 0,
@@ -29,6 +32,33 @@ def two_speeds() -> dict[str, Any]:
                  for rate in (SLOW, FAST)]
     return {"backends": {"big": {"model": "m", "endpoints": endpoints, "pick": "round_robin"}},
             "routes": {"chat": {"primary": "big"}}}
+
+
+async def test_each_replica_learns_its_engines_prefill_rate_and_the_group_lies_between(
+    sdk: SdkClients, start: StartGateway
+) -> None:
+    gw = await start(two_speeds())
+    clock = gw.gateway.backends["big"].clock
+    client = sdk(gw)
+    for turn in range(2 * MIN_PREFILL_SAMPLES):  # round robin: big-0, big-1, big-0, ...
+        if turn == 2 * MIN_PREFILL_SAMPLES - 2:  # one sample short each: the group's
+            assert clock.prefill_on("big-0") == clock.prefill_on("big-1") \
+                == clock.prefill_s_per_token
+        # Prompts of ~100 and ~2,000 tokens, in turn for each replica, each new to its
+        # engine's cache (its first block differs): the engine prefills all of it.
+        words = "tell me about slots " * (20 if turn // 2 % 2 else 400)
+        stream = await client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": f"{turn} {words}"}],
+            stream=True, stream_options={"include_usage": True})
+        async for _ in stream:
+            pass
+    served = [r.replica for r in gw.gateway.recent]
+    assert served.count("big-0") == served.count("big-1") == MIN_PREFILL_SAMPLES
+    assert all(r.cached_tokens == 0 for r in gw.gateway.recent)
+    slow, fast = clock.prefill_on("big-0"), clock.prefill_on("big-1")
+    assert SLOW / 2 < slow < SLOW * 2 and FAST / 2 < fast < FAST * 2
+    assert fast < clock.prefill_s_per_token < slow
+    await assert_idle(gw)
 
 
 # The hold: wait for the busy replica `a` holding the prompt's 8 blocks (512 tokens), or
