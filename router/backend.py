@@ -90,7 +90,7 @@ class Backend:
             old.upstream = Upstream(self.name, config, _base_url(endpoint, old.simulator), http,
                                     key_env=endpoint.api_key_env, replica=name)
         self.config, self.grouped = config, len(self.replicas) > 1
-        self.clock.configure(hints(config))
+        self.clock.configure(hints(config), self.grouped)
         self.pool.resize(config.slots, config.queue_limit,
                          {name: e.slots for name, e in wanted.items()})
         tune(self.pool, config)
@@ -122,7 +122,7 @@ async def open_backend(name: str, config: BackendConfig, coordination: Coordinat
     for endpoint in config.replicas(name):
         assert endpoint.name is not None  # named by `replicas`
         replicas[endpoint.name] = await _open_replica(name, config, endpoint)
-    clock = Clock(config.initial_hold_s, hints(config))
+    clock = Clock(config.initial_hold_s, hints(config), grouped=len(replicas) > 1)
     pool = make_pool(name, config, coordination, coordinator, clock)
     backend = Backend(name, config, replicas, pool, QueueReporter(pool), clock,
                       affinity=_affinity(config, None))

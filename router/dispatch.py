@@ -323,7 +323,8 @@ async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
         if work:
             unplaced(backend, lease, work)
         backend.clock.observe(answered(rec, held_s, parsed.max_tokens,  # before the
-                                       parsed.endpoint.api in GENERATIVE_APIS))  # forecasts
+                                       parsed.endpoint.api in GENERATIVE_APIS),  # forecasts
+                              rec.replica)  # (a group's replicas each learn their own)
         if rec.completion_tokens is not None:  # what a fair line charges its tenant
             lease.charge(rec.completion_tokens)
         await lease.release()

@@ -101,24 +101,28 @@ def _hold(backend: Backend, place: Placement, snapshot: Sequence[pick.Replica],
     """Would the request rather wait for the busy replica holding its longest prefix
     (`pick.hold_out`)? What waiting saves is the prefill of the blocks it holds beyond
     those of the replica the request would run on now (`choice`), or, with none free,
-    of the warmest other. With none free, that prefill would also hold a slot the
-    waiters need: it delays each of them by its share, so it counts that much more."""
-    pool, holder = backend.pool, match.replica
+    of the warmest other, at that replica's own prefill rate (the group's for a
+    replica not yet learned, or with none free and no other warm: the next slot may
+    free anywhere). With none free, that prefill would also hold a slot the waiters
+    need: it delays each of them by its share, so it counts that much more. The wait
+    for the holder runs at the holder's own stream rates (`Clock.rates_on`)."""
+    pool, clock, holder = backend.pool, backend.clock, match.replica
     assert holder is not None
-    crowd = 0.0
+    cold: str | None  # where the cold prefill would run
     if choice is not None:
-        other_s, other = 0.0, held.get(choice.replica, 0)
+        other_s, cold, crowd = 0.0, choice.replica, 0.0
     else:  # the group's next slot for a newcomer behind the waiters that take any
         line = pool.snapshot()
         other_s = pool.forecast(max(1, line.queued - line.pinned + 1))
-        other = max((blocks for name, blocks in held.items() if name != holder), default=0)
+        cold = max((name for name in held if name != holder), key=held.__getitem__,
+                   default=None)
         crowd = line.queued / max(line.capacity, 1)
+    other = 0 if cold is None else held.get(cold, 0)
     tokens_per_block = place.block_bytes // BYTES_PER_TOKEN
     warm = min(match.blocks * tokens_per_block, place.tokens)
     saved = min((match.blocks - other) * tokens_per_block, warm)
-    return pick.hold_out(snapshot, place.tokens, match, warm,
-                         saved * backend.clock.prefill_s_per_token,
-                         lambda: pool.replica_wait(holder), other_s,
+    return pick.hold_out(snapshot, place.tokens, match, warm, saved * clock.prefill_on(cold),
+                         lambda: pool.replica_wait(holder, clock.rates_on(holder)), other_s,
                          backend.config.affinity.load_bound, crowd)
 
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from policies.clock.answers import Hints
-from policies.clock.clock import MIN_PREFILL_SAMPLES, PREFILL_PRIOR_S_PER_TOKEN, Answered, Clock
+from policies.clock.clock import (
+    MIN_PREFILL_SAMPLES,
+    MIN_RATE_SAMPLES,
+    PREFILL_PRIOR_S_PER_TOKEN,
+    Answered,
+    Clock,
+)
 from policies.clock.line import Line
 from tests.support import SdkClients, StartGateway, assert_idle, gateway_config, sim_backend
 
@@ -101,3 +107,101 @@ async def test_a_backend_learns_its_prefill_rate_from_the_engines_cached_tokens(
     learned = clock.prefill_s_per_token
     assert learned != truth and truth / 2 < learned < truth * 2
     await assert_idle(gw)
+
+
+# The replicas of a group: each learns its own prefill rate and stream rates from the same
+# observation, and stands on the group's until it has enough samples of its own.
+
+GROUP_HINT = Hints(ttft_s=0.5, tokens_per_s=20.0, prefill_s_per_token=0.001)
+
+
+def prefill_samples(clock: Clock, replica: str | None, s_per_token: float, n: int,
+                    sizes: int = 2) -> None:
+    """`n` streams on `replica` whose first token took `s_per_token` per prefilled token
+    (prompts of `sizes` different lengths: one size gives no slope)."""
+    for i in range(n):
+        prefilled = 100 + 200 * (i % sizes)
+        clock.observe(Answered(1.0, tokens=1, ttft_s=0.01 + prefilled * s_per_token,
+                               prefilled=prefilled), replica)
+
+
+@pytest.mark.parametrize(("grouped", "on", "samples", "sizes", "asked", "own"), [
+    (True, "a", MIN_PREFILL_SAMPLES, 2, "a", True),  # enough: its own
+    (True, "a", MIN_PREFILL_SAMPLES - 1, 2, "a", False),  # one short: the group's
+    (True, "a", MIN_PREFILL_SAMPLES, 1, "a", False),  # one prompt size: no slope
+    (True, "a", MIN_PREFILL_SAMPLES, 2, "b", False),  # another replica's samples
+    (True, "a", MIN_PREFILL_SAMPLES, 2, None, False),  # no replica named
+    (True, None, MIN_PREFILL_SAMPLES, 2, "a", False),  # samples of no replica
+    (False, "a", MIN_PREFILL_SAMPLES, 2, "a", False),  # a group of one keeps none
+])
+def test_a_replica_learns_its_own_prefill_rate_else_the_groups(
+    grouped: bool, on: str | None, samples: int, sizes: int, asked: str | None, own: bool,
+) -> None:
+    clock = Clock(1.0, GROUP_HINT, grouped=grouped)
+    assert clock.prefill_on(asked) == 0.001  # nothing measured: the group's hint
+    prefill_samples(clock, "z", 0.001, MIN_PREFILL_SAMPLES)  # another replica, 10x slower
+    prefill_samples(clock, on, 0.0001, samples, sizes)
+    group = clock.prefill_s_per_token  # learned from every sample, wherever it ran
+    assert group != pytest.approx(0.0001) and group != 0.001
+    assert clock.prefill_on(asked) == (pytest.approx(0.0001) if own else group)
+
+
+def stream_samples(clock: Clock, replica: str | None, ttft_s: float, tokens_per_s: float,
+                   n: int) -> None:
+    """`n` streams of 11 tokens on `replica` at these rates."""
+    for _ in range(n):
+        clock.observe(Answered(ttft_s + 10 / tokens_per_s, tokens=11, ttft_s=ttft_s),
+                      replica)
+
+
+@pytest.mark.parametrize(("grouped", "on", "samples", "asked", "own"), [
+    (True, "a", MIN_RATE_SAMPLES, "a", True),
+    (True, "a", MIN_RATE_SAMPLES - 1, "a", False),
+    (True, "a", MIN_RATE_SAMPLES, "b", False),
+    (True, "a", MIN_RATE_SAMPLES, None, False),
+    (False, "a", MIN_RATE_SAMPLES, "a", False),
+])
+def test_a_replica_learns_its_own_stream_rates_else_the_groups(
+    grouped: bool, on: str | None, samples: int, asked: str | None, own: bool,
+) -> None:
+    clock = Clock(1.0, GROUP_HINT, grouped=grouped)
+    stream_samples(clock, "z", 0.2, 50.0, 1)  # the group's first measure: 0.2 s, 50/s
+    stream_samples(clock, on, 0.1, 100.0, samples)  # then this replica's, twice as fast
+    mine, group = (0.1, 100.0), (clock.answers.ttft_s, clock.answers.tokens_per_s)
+    assert group != pytest.approx(mine)
+    rates = clock.rates_on(asked)
+    assert rates is not None
+    assert tuple(rates) == pytest.approx(mine if own else group)
+
+
+def test_without_a_hint_or_a_stream_no_rates_are_known() -> None:
+    clock = Clock(1.0, grouped=True)
+    assert clock.rates_on("a") is None
+    stream_samples(clock, "a", 0.1, 100.0, 1)  # one stream: the group's, not yet its own
+    rates = clock.rates_on("a")
+    assert rates is not None and tuple(rates) == pytest.approx((0.1, 100.0))
+
+
+def test_two_replicas_ten_times_apart_each_learn_their_own_and_the_group_lies_between() -> None:
+    clock = Clock(1.0, GROUP_HINT, grouped=True)
+    for _ in range(MIN_PREFILL_SAMPLES // 2):  # interleaved, as a group's requests run
+        prefill_samples(clock, "slow", 0.001, 2)
+        prefill_samples(clock, "fast", 0.0001, 2)
+    slow, fast, group = (clock.prefill_on("slow"), clock.prefill_on("fast"),
+                         clock.prefill_s_per_token)
+    assert slow == pytest.approx(0.001) and fast == pytest.approx(0.0001)
+    assert fast < group < slow
+
+
+@pytest.mark.parametrize(("before", "after", "kept"), [
+    (True, True, True),  # a reload of a group keeps what its replicas learned
+    (True, False, False),  # down to one endpoint: nothing kept per replica
+    (False, True, False),  # up to a group: the replicas begin to learn
+])
+def test_a_reload_regroups_the_replicas_parts(before: bool, after: bool, kept: bool) -> None:
+    clock = Clock(1.0, GROUP_HINT, grouped=before)
+    prefill_samples(clock, "a", 0.0001, MIN_PREFILL_SAMPLES)
+    clock.configure(GROUP_HINT, grouped=after)
+    assert (clock.replicas is None) is not after
+    own = clock.replicas is not None and clock.replicas.prefill_s_per_token("a") is not None
+    assert own is kept

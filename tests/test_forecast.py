@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from policies.clock.answers import AnswerModel, Hints, hints
+from policies.clock.answers import AnswerModel, Hints, Rates, hints
 from policies.clock.eta import predict_waits
 from policies.clock.forecast import (
     Durations,
@@ -167,6 +167,14 @@ def test_a_cold_gateway_without_hints_keeps_the_holding_time_forecast() -> None:
     assert hinted == pytest.approx([40 / RATE] * 3 + [40 / RATE + full(80)])
     # without a length or a cap, one answer's duration comes from the holding times
     assert to_cap().fresh(None) == pytest.approx(10.0)
+
+
+def test_a_replicas_own_rates_stand_in_for_the_pools() -> None:
+    holds, running = HoldTimeModel(10.0), [Running(2.0, 40, 80)] * 3
+    own = Rates(TTFT, RATE / 2)  # a replica on slower GPUs: half the pool's decode speed
+    for answers in (AnswerModel(), AnswerModel(Hints(TTFT, RATE))):  # known or not
+        got = line_starts(answers, holds, running, 3, [80] * 4, 4, own)
+        assert got == pytest.approx([80 / RATE] * 3 + [80 / RATE + TTFT + 158 / RATE])
 
 
 def test_without_a_length_hint_the_first_answers_measured_count() -> None:

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from policies.clock.answers import AnswerModel, Hints, Rates
 from policies.clock.holds import HoldTimeModel
+from policies.clock.lengths import uniform
 from policies.slots import LocalLease, LocalSlotPool, QueueTimeout
 
 
@@ -106,6 +108,18 @@ async def test_the_replica_wait_counts_those_pinned_to_it_already() -> None:
     assert pool.replica_wait("a") > alone  # behind two: after a second round of holds
     pool.set_healthy("a", False)
     assert pool.replica_wait("a") == float("inf")
+
+
+async def test_the_replica_wait_runs_at_the_replicas_own_rates_where_given() -> None:
+    """A replica of the group on slower GPUs: its own rates (`Clock.rates_on`) in place of
+    the pool's, the answers' lengths the pool's all the same (10 tokens)."""
+    answers = AnswerModel(Hints(ttft_s=0.1, tokens_per_s=100.0, lengths=uniform(10, 0.0)))
+    pool = LocalSlotPool("big", 2, 100, HoldTimeModel(1.0), clock=lambda: 0.0,
+                         replicas={"a": 1, "b": 1}, answers=answers)
+    fill(pool, "a", 1)  # just begun: its whole answer ahead
+    assert pool.replica_wait("a") == pytest.approx(0.1 + 9 / 100)
+    assert pool.replica_wait("a", Rates(1.0, 10.0)) == pytest.approx(1.0 + 9 / 10)
+    assert pool.replica_wait("b", Rates(1.0, 10.0)) == 0.0  # free
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -13,6 +13,7 @@ on holding times (`policies.clock.holds`) or a prior of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.clock.lengths import LengthWindow, Survival, uniform
 from policies.config import BackendConfig, SimulatedSpec
@@ -35,6 +36,14 @@ class Hints:
     tokens_per_s: float | None = None
     lengths: Survival | None = None  # None: an answer runs to its max_tokens
     prefill_s_per_token: float | None = None  # None: the clock's prior
+
+
+class Rates(NamedTuple):
+    """An engine's stream rates: seconds from its slot to the first token, and tokens per
+    second per stream after it (one replica's own, `policies.clock.replica`)."""
+
+    ttft_s: float
+    tokens_per_s: float
 
 
 def hints(config: BackendConfig) -> Hints:
@@ -106,15 +115,16 @@ class AnswerModel:
         return self._hints.lengths or Survival((), ())
 
     def observe(self, tokens: int, max_tokens: int | None, cut: bool = False,
-                ttft_s: float | None = None, held_s: float | None = None) -> None:
+                ttft_s: float | None = None, held_s: float | None = None) -> float | None:
         """A finished answer of `tokens` tokens (`cut`: stopped by its client); with a
-        stream's first-token time and slot hold, its rates too."""
+        stream's first-token time and slot hold, its rates too. Returns the decode rate
+        it measured (None: none), which a replica's own rates learn from as well."""
         if tokens < 0:
-            return
+            return None
         capped = cut or (max_tokens is not None and tokens >= max_tokens)
         self.lengths.add(tokens, capped)
         if ttft_s is None or held_s is None or not 0 <= ttft_s < held_s or tokens < 2:
-            return
+            return None
         rate = (tokens - 1) / (held_s - ttft_s)
         if self.rate_samples == 0 or self.ttft_s is None or self.tokens_per_s is None:
             self.ttft_s, self.tokens_per_s = ttft_s, rate
@@ -122,6 +132,7 @@ class AnswerModel:
             self.ttft_s += ALPHA * (ttft_s - self.ttft_s)
             self.tokens_per_s += ALPHA * (rate - self.tokens_per_s)
         self.rate_samples += 1
+        return rate
 
     def expected_tokens(self, max_tokens: int | None) -> float | None:
         """The expected length of an answer not yet begun, capped by `max_tokens`; None
@@ -156,17 +167,18 @@ class AnswerModel:
             tokens = max(0.0, float(max_tokens))
         return ttft + max(0.0, tokens - 1.0) / rate
 
-    def fresh_s(self, max_tokens: int | None) -> float | None:
+    def fresh_s(self, max_tokens: int | None, rates: Rates | None = None) -> float | None:
         """Expected slot hold of an answer not yet begun."""
-        return self.remaining_s(0.0, 0, max_tokens)
+        return self.remaining_s(0.0, 0, max_tokens, rates)
 
     def remaining_s(self, elapsed_s: float, tokens: int | None,
-                    max_tokens: int | None) -> float | None:
+                    max_tokens: int | None, rates: Rates | None = None) -> float | None:
         """Expected seconds left of an answer running for `elapsed_s` that has streamed
         `tokens` (None: not counted, e.g. not streamed: what it would have produced by
         now is inferred from the rates). Conditioned on the tokens produced, capped by
-        `max_tokens`."""
-        ttft, rate = self.ttft_s, self.tokens_per_s
+        `max_tokens`. `rates`: one replica's own, in place of the backend's (its answers'
+        lengths are the backend's all the same)."""
+        ttft, rate = (self.ttft_s, self.tokens_per_s) if rates is None else rates
         if ttft is None or rate is None or rate <= 0:
             return None
         if tokens is None:

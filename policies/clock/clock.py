@@ -14,17 +14,24 @@
                 first token over the prompt tokens the engine prefilled (its usage's
                 cached tokens taken off), until learned the `rates` hint or the prior:
                 what a replica's prefix cache saves a request (`policies.scheduler.pick`)
+    replicas    a group of more than one only: each replica's own prefill rate and stream
+                rates (`policies.clock.replica`), from the same observation, the group's
+                standing in until it has enough samples (`prefill_on`, `rates_on`): the
+                prefill a cold start on that replica costs, the wait for a slot on it
+                (`router.placement`). A backend of one endpoint keeps and pays nothing more.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.clock.answers import AnswerModel, Hints
+from policies.clock.answers import AnswerModel, Hints, Rates
 from policies.clock.holds import HoldTimeModel
 from policies.clock.line import Line
+from policies.clock.replica import ReplicaClocks
 
 MIN_PREFILL_SAMPLES = 16  # streams with reported cached tokens before the slope is trusted
+MIN_RATE_SAMPLES = 8  # a replica's measured streams before its rates replace the group's
 # Seconds to prefill one prompt token, until learned or hinted (`rates.prefill_tokens_per_s`):
 # 10,000 tokens/s, the order of a 70B model's prefill on one 8-GPU node.
 PREFILL_PRIOR_S_PER_TOKEN = 1e-4
@@ -44,31 +51,49 @@ class Answered:
 
 
 class Clock:
-    """One backend's time, learned online (shared by its pools and every estimate)."""
+    """One backend's time, learned online (shared by its pools and every estimate);
+    `grouped`: a group of more than one replica, whose replicas' own parts it keeps."""
 
-    __slots__ = ("_prefill", "_slot", "answers", "holds")
+    __slots__ = ("_prefill", "_slot", "answers", "holds", "replicas")
 
-    def __init__(self, initial_hold_s: float, given: Hints | None = None) -> None:
+    def __init__(self, initial_hold_s: float, given: Hints | None = None,
+                 grouped: bool = False) -> None:
         self.holds = HoldTimeModel(initial_hold_s)
         self.answers = AnswerModel(given)
         self._slot = Line(initial_hold_s)
         self._prefill = Line(0.0)
+        self.replicas: ReplicaClocks | None = None
+        self.regroup(grouped)
 
-    def configure(self, given: Hints) -> None:
-        """New hints (a reload): they stand until measurements replace them."""
+    def configure(self, given: Hints, grouped: bool | None = None) -> None:
+        """New hints (a reload): they stand until measurements replace them; `grouped`
+        (None: unchanged) as `regroup`."""
         self.answers.configure(given)
+        if grouped is not None:
+            self.regroup(grouped)
 
-    def observe(self, answer: Answered) -> None:
-        """A request let its slot go: every part learns what it can from it."""
+    def regroup(self, grouped: bool) -> None:
+        """A group of more than one keeps its replicas' own parts (those learned so far
+        kept); a group of one drops them."""
+        if not grouped:
+            self.replicas = None
+        elif self.replicas is None:
+            self.replicas = ReplicaClocks(MIN_PREFILL_SAMPLES, MIN_RATE_SAMPLES)
+
+    def observe(self, answer: Answered, replica: str | None = None) -> None:
+        """A request let its slot go (on `replica` of the group): every part learns what
+        it can from it."""
         self.holds.observe(answer.held_s)  # pool-wide, as the pools fed it
         if answer.tokens is None:
             return
-        self.answers.observe(answer.tokens, answer.max_tokens, answer.cut, answer.ttft_s,
-                             answer.held_s)
+        rate = self.answers.observe(answer.tokens, answer.max_tokens, answer.cut,
+                                    answer.ttft_s, answer.held_s)
         if answer.whole:
             self._slot.observe(answer.tokens, answer.held_s)
         if answer.ttft_s is not None and answer.prefilled is not None:
             self._prefill.observe(answer.prefilled, answer.ttft_s)
+        if self.replicas is not None and replica is not None:
+            self.replicas.observe(replica, rate, answer.ttft_s, answer.prefilled)
 
     def slot_s(self, tokens: int) -> float:
         """Expected slot hold of an answer of `tokens` tokens."""
@@ -82,3 +107,22 @@ class Clock:
                 return slope
         hinted = self.answers.hints.prefill_s_per_token
         return PREFILL_PRIOR_S_PER_TOKEN if hinted is None else hinted
+
+    def prefill_on(self, replica: str | None) -> float:
+        """Seconds to prefill one prompt token on `replica`: its own rate once learned,
+        else (or for None: a replica not known) the group's."""
+        if self.replicas is not None and replica is not None:
+            own = self.replicas.prefill_s_per_token(replica)
+            if own is not None:
+                return own
+        return self.prefill_s_per_token
+
+    def rates_on(self, replica: str | None) -> Rates | None:
+        """`replica`'s stream rates: its own once learned, else the group's (None while
+        the group has none: no hint, no stream measured)."""
+        if self.replicas is not None and replica is not None:
+            own = self.replicas.rates(replica)
+            if own is not None:
+                return own
+        ttft, rate = self.answers.ttft_s, self.answers.tokens_per_s
+        return None if ttft is None or rate is None else Rates(ttft, rate)

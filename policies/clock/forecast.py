@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.clock.answers import AnswerModel
+from policies.clock.answers import AnswerModel, Rates
 from policies.clock.eta import predict_waits
 from policies.clock.holds import HoldTimeModel
 
@@ -73,16 +73,18 @@ def seen_here(ages_s: Sequence[float], mine: Sequence[tuple[float, Progress]],
 
 class Durations:
     """A pool's expected remainders and fresh holds, for one forecast (fresh holds
-    computed once per max_tokens)."""
+    computed once per max_tokens); `rates`: one replica's own, in place of the pool's."""
 
-    __slots__ = ("_fresh", "answers", "holds")
+    __slots__ = ("_fresh", "answers", "holds", "rates")
 
-    def __init__(self, answers: AnswerModel, holds: HoldTimeModel) -> None:
-        self.answers, self.holds = answers, holds
+    def __init__(self, answers: AnswerModel, holds: HoldTimeModel,
+                 rates: Rates | None = None) -> None:
+        self.answers, self.holds, self.rates = answers, holds, rates
         self._fresh: dict[int | None, float] = {}
 
     def remaining(self, run: Running) -> float:
-        got = self.answers.remaining_s(max(0.0, run.elapsed_s), run.tokens, run.max_tokens)
+        got = self.answers.remaining_s(max(0.0, run.elapsed_s), run.tokens, run.max_tokens,
+                                       self.rates)
         if got is None:
             return self.holds.expected_remaining(run.elapsed_s)
         return got
@@ -90,20 +92,23 @@ class Durations:
     def fresh(self, max_tokens: int | None) -> float:
         hold = self._fresh.get(max_tokens)
         if hold is None:
-            got = self.answers.fresh_s(max_tokens)
+            got = self.answers.fresh_s(max_tokens, self.rates)
             hold = self.holds.distribution().mean_s if got is None else got
             self._fresh[max_tokens] = hold
         return hold
 
 
 def line_starts(answers: AnswerModel, holds: HoldTimeModel, running: Sequence[Running],
-                capacity: int, waiting: Sequence[int | None], places: int) -> list[float]:
+                capacity: int, waiting: Sequence[int | None], places: int,
+                rates: Rates | None = None) -> list[float]:
     """Seconds until places 1..`places` get a slot: `start_times` once the engine's rates
-    are known, else the holding-time forecast from the running answers' ages."""
-    if not answers.known:
+    are known (`rates`: one replica's own, for the line of that replica alone; the
+    answers' lengths stay the backend's), else the holding-time forecast from the running
+    answers' ages."""
+    if rates is None and not answers.known:
         return predict_waits(holds, [max(0.0, run.elapsed_s) for run in running],
                              max(1, capacity), places)
-    return start_times(Durations(answers, holds), running, capacity, waiting, places)
+    return start_times(Durations(answers, holds, rates), running, capacity, waiting, places)
 
 
 def start_times(durations: Durations, running: Sequence[Running], capacity: int,

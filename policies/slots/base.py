@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from policies.clock.answers import Rates
 from policies.clock.forecast import Progress
 from policies.config import Priority
 
@@ -189,8 +190,9 @@ class SlotPool(Protocol):
                       share: Share | None = None, hold_s: float = 0.0) -> Ticket | None: ...
 
     # Expected seconds until a slot on `replica` would serve one more waiter pinned to it
-    # (`enqueue(want=replica, hold_s=...)`); a pool that pins no one: its `forecast(1)`.
-    def replica_wait(self, replica: str) -> float: ...
+    # (`enqueue(want=replica, hold_s=...)`), at that replica's own `rates` where given
+    # (`Clock.rates_on`); a pool that pins no one: its `forecast(1)`, at the group's.
+    def replica_wait(self, replica: str, rates: Rates | None = None) -> float: ...
 
     def seats(self) -> tuple[Seats, ...]: ...  # each replica's slots, held and health
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from policies.clock.answers import Rates
 from policies.config import Priority
 from policies.health.breaker import BreakerState
 from policies.slots.base import (
@@ -114,7 +115,9 @@ class FailoverPool:
 
     pins = False  # its line is shared: a waiter takes the first slot freed in the group
 
-    def replica_wait(self, replica: str) -> float:
+    def replica_wait(self, replica: str, rates: Rates | None = None) -> float:
+        """The group's next slot at the group's rates, as the shared pool's (no pins, no
+        replica's own rates: `RedisSlotPool.replica_wait`)."""
         return self.forecast(1)
 
     def forecast(self, position: int) -> float:

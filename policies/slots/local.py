@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from policies.clock.answers import AnswerModel
+from policies.clock.answers import AnswerModel, Rates
 from policies.clock.forecast import line_starts
 from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
@@ -283,9 +283,10 @@ class LocalSlotPool:
             self._fill(self.clock(), ())
             self._changed()
 
-    def replica_wait(self, replica: str) -> float:
+    def replica_wait(self, replica: str, rates: Rates | None = None) -> float:
         """Expected seconds until a slot on `replica` serves one more waiter pinned to it
-        (behind those pinned to it already); inf when it takes no work."""
+        (behind those pinned to it already), at its own `rates` if given (else the pool's
+        answers'); inf when it takes no work."""
         seat = self._seats.get(replica)
         if seat is None or not seat.healthy or not seat.slots:
             return math.inf
@@ -293,9 +294,8 @@ class LocalSlotPool:
         running = [lease.progress.running(now - granted)
                    for lease, granted in self._leases.items() if lease.replica == replica]
         waiting = self._pinned.pinned_to(replica)
-        waits = line_starts(self.answers, self.estimator, running, seat.slots, waiting,
-                            len(waiting) + 1)
-        return waits[-1]
+        return line_starts(self.answers, self.estimator, running, seat.slots, waiting,
+                           len(waiting) + 1, rates)[-1]
 
     def _release(self, lease: LocalLease) -> None:
         self._leases.pop(lease, None)

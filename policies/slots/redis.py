@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from policies.clock.answers import AnswerModel
+from policies.clock.answers import AnswerModel, Rates
 from policies.clock.forecast import line_starts, seen_here
 from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
@@ -105,7 +105,10 @@ class RedisSlotPool:
 
     pins = False  # its line is shared: a waiter takes the first slot freed in the group
 
-    def replica_wait(self, replica: str) -> float:
+    def replica_wait(self, replica: str, rates: Rates | None = None) -> float:
+        """The group's next slot at the group's rates: a shared line pins no one (the
+        hold is never asked), and the leases of other processes are seen by their age
+        alone, not by replica, so a replica's own `rates` would have nothing to apply to."""
         return self.forecast(1)
 
     def forecast(self, position: int) -> float:
