@@ -51,7 +51,7 @@ def first_byte(ex: Exchange, lease: Lease) -> Callable[[float], None]:
     objective judged) and, on a group, that its replica now holds its prompt."""
     rec, metrics = ex.rec, ex.gw.metrics
     backend = ex.gw.backends[lease.pool]
-    if not backend.grouped or ex.place is None:
+    if not backend.grouped or ex.place is None:  # (a retry off a group onto one endpoint)
         return lambda at: objective.first_token(rec, metrics, at)
 
     def came(at: float) -> None:
@@ -85,7 +85,8 @@ async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
         request_id=rec.request_id, headers=ex.headers(),
         max_response_bytes=ex.config.server.max_response_bytes,
         rules=Forwarding.of(ex.config.server), preamble=preamble, response=ex.response,
-        on_first_byte=first_byte(ex, lease),
+        on_first_byte=(lambda at: objective.first_token(rec, ex.gw.metrics, at))
+        if ex.place is None else first_byte(ex, lease),  # (a group's pick made a place)
         translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
         usage=bounded_usage(ex.prompt_tokens(), parsed.max_tokens,
                             Capability.VISION in ex.needs().capabilities,
