@@ -1,0 +1,42 @@
+"""The request path's call budget: Python function calls per request made by the gateway
+alone (bench/call_paths.py: the embedded config, its engines and the client on a thread
+of their own, cProfile on the gateway's), on each path that matters, held under a budget.
+
+Counted, not timed: deterministic on a busy machine. A change that raises a count past
+its budget fails here; one that must raise it lowers nothing else to pass, it raises the
+budget below and says why in its commit. The budgets are the counts measured when they
+were last set, plus about 2% (the counts move by under 1% from run to run: the queued
+path's hand-off and the line's timers).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Measured 2026-12-04 at the start of #31 (uvloop; three runs): free 658-660, streamed
+# 1,264-1,285 (16 tokens, each chunk its own read), queued 1,103-1,110.
+BUDGET = {"free": 675, "streamed": 1_310, "queued": 1_135}
+
+
+@pytest.fixture(scope="module")
+def counts() -> dict[str, float]:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "call_paths.py"),
+                           "--requests", "200", "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    calls: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])["calls"]
+    return calls
+
+
+@pytest.mark.parametrize("path", sorted(BUDGET))
+def test_the_gateway_stays_within_its_calls_per_request(counts: dict[str, float],
+                                                         path: str) -> None:
+    assert counts[path] <= BUDGET[path], (
+        f"{path}: {counts[path]:,.0f} calls per request, budget {BUDGET[path]:,}: "
+        "`bench/request_calls.py --base <before>` shows which functions moved")
