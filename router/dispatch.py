@@ -48,6 +48,7 @@ from router.request.accounting import answered, settle
 from router.request.big_body import BIG_BODY
 from router.request.intake import check_content_encoding, check_content_type, read_body
 from router.request.usage import CLIENT_CLOSED
+from router.telemetry.logs import access
 from router.upstream.failures import UpstreamFailure
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
 from router.upstream.proxy import ClientGone
@@ -72,8 +73,9 @@ async def handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     gw = request.app[GATEWAY]
     config = gw.config  # one config for the whole request, whatever a reload does meanwhile
     own = new_id()
-    rec = RequestRecord(request_id(request, own), endpoint.value, time.perf_counter(),
-                        time.time(), own, endpoint.api.value,
+    # (`_value_`: an enum's value without the two calls of its `.value` descriptor)
+    rec = RequestRecord(request_id(request, own), endpoint._value_, time.perf_counter(),
+                        time.time(), own, endpoint.api._value_,
                         tenant=None if gw.keyring.enabled else key_id(request))
     exchange = Exchange(request, gw, rec, config, DIALECTS.get(endpoint, OPENAI))
     if gw.tracer is not None:
@@ -129,7 +131,7 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
         rec.tenant, rec.key_id = caller.tenant, caller.key_id
         exchange.weight = caller.weight
     exchange.priority = gw.keyring.priority(caller, request)
-    rec.priority = exchange.priority.value
+    rec.priority = exchange.priority._value_
     check_content_type(request)
     check_content_encoding(request)
     limited = caller.key_id if caller is not None and caller.key_id in gw.quotas.limits \
@@ -206,7 +208,7 @@ def closed(exchange: Exchange) -> None:
                     "prompt": request_text(exchange.parsed.body)}
             log.info(orjson.dumps(line).decode())
         else:
-            log.info(orjson.dumps(rec).decode())
+            access(orjson.dumps(rec).decode())
 
 
 def fitted(route: RouteConfig, endpoint: Endpoint, served: frozenset[Api],

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from router.telemetry import logs
 from router.telemetry.logs import ACCESS, BatchedLines
 
 
@@ -75,3 +76,35 @@ def test_without_a_running_loop_lines_are_written_at_once(
     loggers[0].info("at startup")
     assert stream.getvalue() == "at startup\n"
     handler.close()
+
+
+class Records(logging.Handler):
+    """Every record that reached it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+async def test_an_access_line_needs_no_record_while_the_batching_handler_is_alone() -> None:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logs._batched)
+    try:
+        handler = logs.setup("info")
+        stream = handler.stream = Written()
+        logs.access("alone")  # no record made: straight into the batch
+        assert stream.getvalue() == ""
+        records = Records()
+        root.addHandler(records)  # another listener (a test's capture, an app's own)
+        logs.access("heard")  # now through logging: both handlers get it
+        assert records.messages == ["heard"]  # the line before made no record
+        handler.flush()
+        assert stream.getvalue() == "alone\nheard\n"  # one stream, in order
+    finally:
+        if logs._batched is not None:
+            logs._batched.close()
+        root.handlers, logs._batched = saved[0], saved[2]
+        root.setLevel(saved[1])

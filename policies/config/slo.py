@@ -29,7 +29,7 @@ class SloConfig(StrictModel):
     sheddable: ClassObjective = ClassObjective(ttft_s=20.0)
 
     def of(self, priority: Priority) -> ClassObjective:
-        objective: ClassObjective = getattr(self, priority.value)
+        objective: ClassObjective = getattr(self, priority)  # (a str: no `.value` call)
         return objective
 
 
@@ -41,5 +41,5 @@ class RouteSloConfig(StrictModel):
     sheddable: ClassObjective | None = None
 
     def of(self, priority: Priority) -> ClassObjective | None:
-        objective: ClassObjective | None = getattr(self, priority.value)
+        objective: ClassObjective | None = getattr(self, priority)
         return objective

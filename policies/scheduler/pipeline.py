@@ -140,7 +140,7 @@ def _admitted(request: Request, view: View, route: RouteConfig, probe: str | Non
                    forecast=lambda pool: view.forecast(pool.name, 1), able=request.able)
     if isinstance(placed, Reject):
         return Refuse(placed.reason, placed.retry_in_s, route.primary)
-    target, why, movable = placed.pool, reason or placed.reason.value, None
+    target, why, movable = placed.pool, reason or placed.reason._value_, None  # (no descriptor)
     waits = isinstance(placed, Queue)
     now: bool | None = not waits  # a slot open on `target` (None: not known, ask)
     waits = waits and target == route.primary

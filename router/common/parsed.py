@@ -18,15 +18,16 @@ class Endpoint(enum.StrEnum):
     EMBEDDINGS = "/v1/embeddings"
     RESPONSES = "/v1/responses"  # passed through, or translated to chat (router.apis.responses)
 
-    @property
-    def api(self) -> Api:
-        """The client API this endpoint serves (a metric label, a ledger column)."""
-        return _APIS[self]
+    # The client API this endpoint serves (a metric label, a ledger column): a plain
+    # attribute of each member, set below (a property would cost two calls per read:
+    # itself and the member's hash).
+    api: Api
 
 
-_APIS = {Endpoint.CHAT: Api.CHAT, Endpoint.COMPLETIONS: Api.COMPLETIONS,
-         Endpoint.EMBEDDINGS: Api.EMBEDDINGS, Endpoint.MESSAGES: Api.MESSAGES,
-         Endpoint.RESPONSES: Api.RESPONSES}
+for _endpoint, _api in ((Endpoint.CHAT, Api.CHAT), (Endpoint.COMPLETIONS, Api.COMPLETIONS),
+                        (Endpoint.EMBEDDINGS, Api.EMBEDDINGS), (Endpoint.MESSAGES, Api.MESSAGES),
+                        (Endpoint.RESPONSES, Api.RESPONSES)):
+    _endpoint.api = _api
 
 
 @dataclass(slots=True)

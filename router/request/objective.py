@@ -43,7 +43,7 @@ def predict(rec: RequestRecord, backend: Backend, wait_s: float,
 def expected_first_byte_s(backend: Backend, stream: bool, max_tokens: int | None) -> float:
     """Seconds from a slot on `backend` to the first byte of a new answer."""
     return first_byte_s(backend.clock.answers, stream, max_tokens,
-                        lambda: backend.pool.snapshot().mean_hold_s)
+                        lambda: backend.clock.holds.mean_s)  # (the pools' own, no snapshot)
 
 
 def first_token(rec: RequestRecord, metrics: Metrics, at: float) -> None:

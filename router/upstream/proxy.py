@@ -182,7 +182,7 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
     try:
         # Its first-byte and idle deadlines: the pool's coarse ticker, no timer per request.
         up = await upstream.http.request(
-            "POST", upstream.target(attempt.endpoint.value.removeprefix("/v1")), headers,
+            "POST", upstream.target(attempt.endpoint._value_.removeprefix("/v1")), headers,
             attempt.body, connect_timeout_s=cfg.connect_timeout_s,
             first_byte_timeout_s=cfg.first_byte_timeout_s, idle_timeout_s=cfg.idle_timeout_s)
         attempt.status = up.status
