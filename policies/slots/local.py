@@ -218,7 +218,9 @@ class LocalSlotPool:
                        share: Share | None = None) -> LocalLease | None:
         # Newcomers never overtake waiters: a slot is free while some wait only when every
         # one of them is pinned to another replica (`_fill` ran since).
-        if self.queued > self._pinned.count:
+        critical, standard, sheddable = self._lines  # (nobody waits: no call to count them)
+        if (critical.tickets or standard.tickets or sheddable.tickets) \
+                and self.queued > self._pinned.count:
             return None
         replica = self._free_seat(prefer)
         if replica is None:
@@ -306,7 +308,8 @@ class LocalSlotPool:
             self._fair.released(lease)
         if not seat.slots and not seat.active:  # a removed replica, run out
             del self._seats[lease.replica]
-        if self.queued:  # (the usual release: nobody waits)
+        critical, standard, sheddable = self._lines
+        if critical.tickets or standard.tickets or sheddable.tickets:  # (usually nobody)
             self._fill(self.clock(), (lease.replica,))
         self._changed()
 

@@ -28,7 +28,11 @@ class Tally(Collector):
         self.values: dict[Labels, float] = {}
 
     def add(self, labels: Labels, amount: float = 1.0) -> None:
-        self.values[labels] = self.values.get(labels, 0.0) + amount
+        values = self.values  # (`in` and `[]`: no call of their own, as `get` is)
+        if labels in values:
+            values[labels] += amount
+        else:
+            values[labels] = amount
 
     def zero(self, labels: Labels) -> None:
         """The series at 0 unless it exists (router/telemetry/zeros.py)."""
@@ -55,9 +59,9 @@ class Spread(Collector):
 
     def series(self, labels: Labels) -> list[float]:
         """The counts per bucket (the last one +Inf), then the sum: observe into it."""
-        found = self._series.get(labels)
-        if found is None:
-            found = self._series[labels] = [0.0] * (len(self.bounds) + 2)
+        if labels in self._series:  # (no `get` call)
+            return self._series[labels]
+        found = self._series[labels] = [0.0] * (len(self.bounds) + 2)
         return found
 
     def zero(self, labels: Labels) -> None:

@@ -75,7 +75,7 @@ def encode(method: str, target: Target, headers: Iterable[tuple[str, str]], body
     for name, value in headers:
         if "\r" in value or "\n" in value or "\0" in value:
             raise ValueError(f"invalid value for header {name!r}")  # not shown: may be a secret
-        if _sent(name):
+        if _NAMES[name] if name in _NAMES else _sent(name):  # (a name seen: no call)
             lines += (name, ": ", value, "\r\n")
     lines.append("\r\n")
     # surrogateescape: header values decoded that way by aiohttp's server go out unchanged.
