@@ -53,9 +53,10 @@ class EventRelay:
                 raise EventTooLarge
             self._pending = data
             return b""
-        end += len(_BOUNDARY)
-        whole, self._pending = data[:end], data[end:]
-        if len(self._pending) > MAX_EVENT_BYTES:
+        end += 2  # len(_BOUNDARY)
+        whole, rest = data[:end], data[end:]
+        self._pending = rest
+        if rest and len(rest) > MAX_EVENT_BYTES:  # (usually none left: no call)
             raise EventTooLarge
         # Events start at `whole`'s first byte or after a blank line; JSON escapes newlines,
         # so a token's text cannot fake one.
