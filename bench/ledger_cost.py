@@ -8,6 +8,9 @@
 2. Store throughput: rows/s written in batches of 500 to SQLite (a file in a temp
    folder) and, when reachable, PostgreSQL (a fresh database), against the rate of
    building the same rows (the floor of any store).
+3. SQLite at size: the writer's CPU per row once the table already holds `--at-size`
+   rows (300,000: a day of a quiet gateway, minutes of a busy one), with random keys (the
+   ids before #31) against the gateway's time-ordered ones (`new_id`), alternated.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from report import machine  # noqa: E402
 
 from router.backend import open_backend  # noqa: E402
-from router.common.record import RequestRecord  # noqa: E402
+from router.common.record import RequestRecord, new_id  # noqa: E402
 from router.config import config_from_dict  # noqa: E402
 from router.gateway import Gateway  # noqa: E402
 from router.ledger.base import Ledger, LedgerRow  # noqa: E402
@@ -129,7 +133,28 @@ async def stores(folder: str, postgres: str | None) -> dict[str, Any]:
     return out
 
 
-async def main(rounds: int, postgres: str | None) -> None:
+async def cpu_per_row_at_size(folder: str, size: int, keys: str) -> float:
+    """The SQLite writer thread's CPU (us) per row for 20,000 rows added in batches of 500
+    to a table of `size` rows, every row keyed `keys` (random, or time-ordered)."""
+    key = (lambda: os.urandom(16).hex()) if keys == "random" else new_id
+    gw = Gateway(config_from_dict(config(None)))
+    template = ledger_row(records(1)[0], gw.config, None)
+    store = open_store(str(Path(folder) / f"{keys}-{os.urandom(4).hex()}.sqlite3"))
+    await store.open()
+    try:
+        async def add(n: int) -> None:
+            for _ in range(n // 500):
+                await store.write([replace(template, id=key(), ts=time.time())
+                                   for _ in range(500)])
+        await add(size)
+        used = await store._call(time.thread_time)  # type: ignore[attr-defined]
+        await add(20_000)
+        return (await store._call(time.thread_time) - used) / 20_000 * 1e6  # type: ignore
+    finally:
+        await store.close()
+
+
+async def main(rounds: int, postgres: str | None, at_size: int) -> None:
     print(machine())
     with tempfile.TemporaryDirectory() as folder:
         req = await per_request(rounds, folder)
@@ -138,6 +163,10 @@ async def main(rounds: int, postgres: str | None) -> None:
               f"ledger on {req['record_ledger_on_us']:.2f} us   "
               f"added {req['added_us']:.2f} us (x{req['ratio']:.2f})")
         rates = await stores(folder, postgres)
+        at_size_us: dict[str, list[float]] = {"random": [], "time-ordered": []}
+        for _ in range(2):
+            for keys in at_size_us:
+                at_size_us[keys].append(await cpu_per_row_at_size(folder, at_size, keys))
     print("Store writes, batches of 500 (50,000 rows):")
     build = rates["build_rows_per_s"]
     print(f"  building rows      {build:>10,.0f} rows/s (x1.00, the floor)")
@@ -145,6 +174,10 @@ async def main(rounds: int, postgres: str | None) -> None:
                        ("postgres_rows_per_s", "PostgreSQL")):
         if key in rates:
             print(f"  {label:<18} {rates[key]:>10,.0f} rows/s (x{rates[key] / build:.2f})")
+    random_us, ordered_us = (statistics.median(v) for v in at_size_us.values())
+    print(f"SQLite writer CPU per row, {at_size:,} rows already in the table (2 runs each):")
+    print(f"  random keys        {random_us:>10.1f} us")
+    print(f"  time-ordered keys  {ordered_us:>10.1f} us (x{ordered_us / random_us:.2f})")
 
 
 if __name__ == "__main__":
@@ -152,5 +185,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres",
                         help="admin DSN; '' skips PostgreSQL")
+    parser.add_argument("--at-size", type=int, default=300_000,
+                        help="rows in the table before the at-size phase")
     args = parser.parse_args()
-    asyncio.run(main(args.rounds, args.postgres or None))
+    asyncio.run(main(args.rounds, args.postgres or None, args.at_size))

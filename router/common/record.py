@@ -8,6 +8,7 @@ import hashlib
 import os
 import random
 import re
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -80,8 +81,16 @@ class RequestRecord:
 
 
 def new_id() -> str:
-    """The gateway's own request id: 32 hex digits, as a UUID's (engines may check)."""
-    return f"{_IDS.getrandbits(128):032x}"
+    """The gateway's own request id: 32 hex digits, a UUID version 7's (RFC 9562: the
+    milliseconds since the epoch, then 74 random bits). Time-ordered, so the ledger's
+    key index grows at its end: a random key lands each row on a different page of it,
+    and at a few hundred thousand rows that costs SQLite 2-3x the CPU per row."""
+    bits = _IDS.getrandbits(74)
+    return f"{time.time_ns() // 1_000_000 << 80 | _UUID7 | bits >> 62 << 64 | bits & _LOW62:032x}"
+
+
+_UUID7 = 0x7 << 76 | 0b10 << 62  # the version (7) and the variant (RFC 9562's) bits
+_LOW62 = (1 << 62) - 1
 
 
 def request_id(request: web.Request, own: str) -> str:
