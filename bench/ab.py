@@ -1,14 +1,16 @@
 """Two revisions of slotgate side by side, same run: the before/after of a change.
 
     .venv/bin/python bench/ab.py [--base REV] [--after REV] [--rounds 4] [--seconds 8]
-                                 [--idle 1000]
+                                 [--idle 1000] [--streams]
 
 `--base` (default HEAD~1) is checked out into a temporary git worktree and served by this
 interpreter with that tree first on sys.path; the other side is this working tree, or
 `--after` checked out the same way. Both
 get the production-like config of `make bench` (auth, access log, SQLite ledger, intent
 fallback) in front of one mock engine. Per round, in alternating order: wrk at c=64
-(requests/s, server CPU per request). Then, for each side, the memory of N idle
+(requests/s, server CPU per request); with `--streams`, also 16 clients reading
+200-chunk streams back to back for `--seconds` (chunks/s, server CPU per chunk; the
+client runs in this process, on the load CPU). Then, for each side, the memory of N idle
 connections: opened and left silent, and kept alive after one request. Prints medians and
 ratios (after / before). Loopback only; every loop is bounded; every process is stopped.
 
@@ -34,7 +36,8 @@ from typing import Any
 from harness import HOST, free_port
 from peer_configs import slotgate_yaml
 from peers import Fleet, Server
-from suite_load import run_wrk
+from suite_load import run_wrk, streams
+from suite_load import chat_body as stream_body
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-ab-0123456789"
@@ -99,6 +102,28 @@ def throughput(wrk: str, server: Server, mock: Server, seconds: int) -> dict[str
             "busy": cpu / elapsed, "mock_us": mock_cpu / out["requests"] * 1e6}
 
 
+def stream_rate(server: Server, seconds: int) -> dict[str, float]:
+    """16 clients reading 200-chunk streams: chunks/s and server CPU per chunk."""
+    import asyncio
+
+    import aiohttp
+
+    async def run() -> Any:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            body = stream_body("mock", 200, True)
+            await streams(session, server.chat_url, f"Bearer {KEY}", body, 16, 0.5)  # warm
+            cpu0 = server.cpu_s()
+            out = await streams(session, server.chat_url, f"Bearer {KEY}", body, 16, seconds)
+            return out, server.cpu_s() - cpu0
+
+    pin(os.getpid(), LOAD_CPU)
+    got, cpu = asyncio.run(run())
+    if got.errors:
+        raise RuntimeError(f"stream errors: {got.first_error}")
+    return {"chunks_s": got.events_per_s, "cpu_us_chunk": cpu / got.events * 1e6}
+
+
 def idle_memory(server: Server, count: int, after_request: bool) -> float:
     """MiB the server's RSS grew by while `count` idle connections are open."""
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
@@ -140,6 +165,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--idle", type=int, default=1000)
+    parser.add_argument("--streams", action="store_true", help="also the stream phase")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -161,11 +187,16 @@ def main() -> int:
                       f"{row['cpu_us']:6.0f} us/req  server busy {row['busy']:.2f}  "
                       f"mock {row['mock_us']:4.0f} us/req  errors {row['errors']:.0f}",
                       flush=True)
+                if args.streams:
+                    row.update(stream_rate(sides[name], args.seconds))
+                    print(f"round {r + 1} {name:6}: {row['chunks_s']:8.0f} chunks/s "
+                          f"{row['cpu_us_chunk']:6.2f} us/chunk", flush=True)
         for name, server in sides.items():
             idle[name] = {"silent": idle_memory(server, args.idle, after_request=False),
                           "kept_alive": idle_memory(server, args.idle, after_request=True)}
     out: dict[str, Any] = {}
-    for key in ("rps", "cpu_us", "busy", "mock_us"):
+    for key in ("rps", "cpu_us", "busy", "mock_us",
+                *(("chunks_s", "cpu_us_chunk") if args.streams else ())):
         b, a = median(results["before"], key), median(results["after"], key)
         spread = {n: (min(r[key] for r in rows), max(r[key] for r in rows))
                   for n, rows in results.items()}

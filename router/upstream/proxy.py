@@ -34,6 +34,7 @@ from router.common.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventToo
 from router.common.usage import Usage
 from router.upstream.answers import answer_object, opening_of, usage_from_answer
 from router.upstream.client import HttpPool
+from router.upstream.client_stream import ClientGone, ClientStream
 from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, ResponseTimeout
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
@@ -45,10 +46,6 @@ _NOT_RETURNED = HOP_BY_HOP | {
     "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
 }
 ERROR_BODY_LIMIT = 64 * 1024
-
-class ClientGone(Exception):
-    """The downstream client closed its connection."""
-
 
 @dataclass(slots=True)
 class Upstream:
@@ -209,17 +206,17 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             if attempt.preamble:
                 await _send(response.write(attempt.preamble))
         attempt.streaming = True
-        client = request.transport
+        client = ClientStream(response, request.transport, cfg.idle_timeout_s)
         if opening:
-            await _write_stalled(response, opening, client, cfg.idle_timeout_s)
+            await client.write(opening)
         if not ended:
             while chunk := await up.readany():
                 out_bytes = events.feed(chunk)
-                if out_bytes:
-                    await _write_stalled(response, out_bytes, client, cfg.idle_timeout_s)
+                if out_bytes and not client.put(out_bytes):
+                    await client.write(out_bytes)
             tail = events.flush()  # an unterminated last event is passed on as it is
             if tail:
-                await _send(response.write(tail))
+                await client.write(tail)
         done = True
         await _send(response.write_eof())
         return response
@@ -273,23 +270,6 @@ def _failure(exc: Exception, name: str, cfg: BackendConfig, begun: bool) -> Upst
                                f"Backend '{name}' dropped the connection: {why}.")
     kind = FailureKind.BAD_RESPONSE if isinstance(exc, BadResponse) else FailureKind.REFUSED
     return UpstreamFailure(kind, name, f"Backend '{name}' is unreachable: {why}.")
-
-
-async def _write_stalled(response: web.StreamResponse, data: bytes,
-                         client: asyncio.Transport | None, limit_s: float) -> None:
-    """Relay `data`. A client that stops reading must not hold the slot: a write that has
-    to wait for it (its socket's buffers full) waits at most `limit_s` (the backend's idle
-    timeout), then the client counts as gone. A write that cannot take the buffer past
-    its high-water mark cannot wait (aiohttp drains only a paused transport): no timer."""
-    try:
-        if client is not None and (client.get_write_buffer_size() + len(data)
-                                   > client.get_write_buffer_limits()[1]):
-            async with asyncio.timeout(limit_s):
-                await response.write(data)
-        else:
-            await response.write(data)
-    except (ConnectionResetError, TimeoutError):
-        raise ClientGone from None
 
 
 async def _send(write: Any) -> None:
