@@ -9,10 +9,12 @@ in `schema_migrations`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,6 +22,20 @@ from router.ledger.base import COLUMNS, LedgerRow, RowFilter, row_values
 from router.ledger.schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
 
 T = TypeVar("T")
+# Rows per INSERT statement: their values bound at once (3,500 of SQLite's 32,766), then
+# one step. executemany steps once per row, and the sqlite3 module takes the GIL back
+# after each step: with the event loop holding it, a batch of 500 rows cost 500 hand-offs
+# of the GIL between the two threads (a futex call per row, seen with strace), and the
+# writer three times its own CPU. Same CPU alone: bench/ledger_cost.py.
+ROWS_PER_INSERT = 100
+
+
+@functools.lru_cache(maxsize=ROWS_PER_INSERT)
+def _insert(rows: int) -> str:
+    """The INSERT of `rows` rows (a row already there is kept: a batch may be sent twice)."""
+    one = "(" + ", ".join("?" * len(COLUMNS)) + ")"
+    return (f"INSERT INTO requests ({COLUMN_LIST}) VALUES {', '.join([one] * rows)} "
+            "ON CONFLICT (id) DO NOTHING")
 
 class SQLiteStore:
     def __init__(self, path: str, busy_timeout_ms: int = 5000) -> None:
@@ -66,12 +82,11 @@ class SQLiteStore:
 
     def _write(self, values: list[tuple[object, ...]]) -> None:
         assert self._db is not None, "open() first"
-        marks = ", ".join("?" * len(COLUMNS))
         with self._db:  # one transaction per batch
             self._db.execute("BEGIN")
-            self._db.executemany(
-                f"INSERT INTO requests ({COLUMN_LIST}) VALUES ({marks}) "
-                "ON CONFLICT (id) DO NOTHING", values)
+            for i in range(0, len(values), ROWS_PER_INSERT):
+                part = values[i:i + ROWS_PER_INSERT]
+                self._db.execute(_insert(len(part)), tuple(chain.from_iterable(part)))
 
     async def fetch(self, where: RowFilter) -> list[LedgerRow]:
         return await self._call(lambda: self._fetch(where))
