@@ -36,8 +36,8 @@ from typing import Any
 from harness import HOST, free_port
 from peer_configs import slotgate_yaml
 from peers import Fleet, Server
-from suite_load import run_wrk, streams
 from suite_load import chat_body as stream_body
+from suite_load import run_wrk, streams
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-ab-0123456789"

@@ -22,9 +22,10 @@ from router.exchange import Exchange
 from router.placement import prefilled
 from router.request import objective
 from router.request.usage import bounded_usage, count_tokens
+from router.upstream.client_stream import ClientGone
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import Forwarding
-from router.upstream.proxy import Attempt, ClientGone, forward
+from router.upstream.proxy import Attempt, forward
 from router.upstream.request_body import upstream_body
 
 

@@ -49,9 +49,9 @@ from router.request.big_body import BIG_BODY
 from router.request.intake import check_content_encoding, check_content_type, read_body
 from router.request.usage import CLIENT_CLOSED
 from router.telemetry.logs import access
+from router.upstream.client_stream import ClientGone
 from router.upstream.failures import UpstreamFailure
 from router.upstream.health import BackendOpened, blame, parse_retry_after, retryable
-from router.upstream.proxy import ClientGone
 from router.waiting import admit, carry_out
 
 log = logging.getLogger("slotgate.access")

@@ -27,7 +27,7 @@ from router.common.sse import SSE_HEADERS
 from router.gateway import Gateway
 from router.placement import Placement, Preference, placement, preference
 from router.request.body import BodyHold
-from router.upstream.proxy import ClientGone
+from router.upstream.client_stream import ClientGone
 
 if TYPE_CHECKING:
     from router.tracing.spans import RequestTrace

@@ -27,8 +27,8 @@ from router.common.record import Phase
 from router.exchange import Capable, Exchange
 from router.request import objective
 from router.request.waits import Interrupt, abandon
+from router.upstream.client_stream import ClientGone
 from router.upstream.health import BackendOpened
-from router.upstream.proxy import ClientGone
 
 _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
 

@@ -30,7 +30,7 @@ class ClientGone(Exception):
 class ClientStream:
     """Writes to one prepared streamed response."""
 
-    __slots__ = ("_response", "_transport", "_high", "_limit_s", "_writer")
+    __slots__ = ("_high", "_limit_s", "_response", "_transport", "_writer")
 
     def __init__(self, response: web.StreamResponse, transport: asyncio.Transport | None,
                  limit_s: float) -> None:
