@@ -25,17 +25,19 @@ class StallClock:
         self.stalled_s = 0.0
         self.on_stall = on_stall  # told each stall's length (lateness past SLACK_S)
         self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._due = 0.0
 
     def start(self) -> None:
         if self._handle is not None:
             return  # started by its owner already
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._due = loop.time() + TICK_S
         self._handle = loop.call_at(self._due, self._tick)
 
     def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop  # (not get_running_loop(), which makes a getpid() system call)
+        assert loop is not None  # set by start, before the first tick
         now = loop.time()
         late = now - self._due
         if late > SLACK_S:

@@ -133,7 +133,8 @@ class HttpPool:
         stack = self._idle.get(origin)
         if not stack:
             return None
-        now = asyncio.get_running_loop().time()
+        # (its loop's clock: asyncio.get_running_loop() makes a getpid() system call)
+        now = stack[-1].loop.time()
         while stack:  # LIFO: once one is too old, so are all those under it
             conn = stack.pop()
             conn.idle = False
