@@ -63,7 +63,9 @@ class HttpPool:
         conn = self._checkout(target.origin)
         if conn is not None:
             try:
-                return await self._exchange(conn, data, head_only, timing)
+                self._watch(conn, timing)  # (no coroutine of its own: the chain stays short)
+                await conn.exchange(data, head_only, *timing)
+                return Response(conn)
             except StaleBytes:
                 pass  # the request never reached the engine whole: sent again, once
             except ResponseDropped:
@@ -74,18 +76,18 @@ class HttpPool:
                 # begun to generate (an idle connection closed by the engine leaves the
                 # pool at once, and idle_ttl_s stays under engines' keep-alive timeouts).
         conn = await self._connect(target, connect_timeout_s)
-        return await self._exchange(conn, data, head_only, timing)
+        self._watch(conn, timing)
+        await conn.exchange(data, head_only, *timing)
+        return Response(conn)
 
-    async def _exchange(self, conn: Connection, data: bytes, head_only: bool,
-                        timing: tuple[float, float]) -> Response:
+    def _watch(self, conn: Connection, timing: tuple[float, float]) -> None:
+        """The exchange's deadlines, kept by the pool's ticker."""
         first_byte_s, idle_s = timing
         if first_byte_s < math.inf or idle_s < math.inf:
             self._active.add(conn)
             self._tick_s = max(0.01, min(self._tick_s, first_byte_s / 10, idle_s / 10))
             if self._ticker is None:
                 self._ticker = conn.loop.call_later(self._tick_s, self._tick)
-        await conn.exchange(data, head_only, first_byte_s, idle_s)
-        return Response(conn)
 
     def _tick(self) -> None:
         """Fail the exchanges past a deadline; forget those that ended."""

@@ -150,7 +150,8 @@ class BackendHealth:
 
     def _standing(self, name: str) -> Standing:
         breaker = self.breakers.get(name)
-        if self._cooling_s(name) > 0:
+        cool_until = self._cool_until.get(name)  # (None, but after a 429's Retry-After)
+        if cool_until is not None and cool_until > time.monotonic():
             return Standing.DOWN
         if breaker is None or breaker.state is BreakerState.CLOSED:
             return Standing.UP

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -135,14 +135,20 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-async def forward(attempt: Attempt) -> web.StreamResponse:
-    """Send the attempt upstream and answer the client. For a non-streaming request to a
-    backend with `on_disconnect: drain`, the exchange runs on its own, so that the client
-    leaving (this task cancelled) does not close the upstream connection: the caller holds
-    the slot until the engine's answer has been read to its end."""
+def forward(attempt: Attempt) -> Coroutine[Any, Any, web.StreamResponse]:
+    """Send the attempt upstream and answer the client (awaited by the caller: the usual
+    case adds no coroutine frame of its own to the request's await chain). For a
+    non-streaming request to a backend with `on_disconnect: drain`, the exchange runs on
+    its own, so that the client leaving (the caller's task cancelled) does not close the
+    upstream connection: the caller holds the slot until the engine's answer has been read
+    to its end."""
+    if attempt.stream or attempt.upstream.config.on_disconnect != "drain":
+        return _exchange(attempt)
+    return _forward_draining(attempt)
+
+
+async def _forward_draining(attempt: Attempt) -> web.StreamResponse:
     upstream = attempt.upstream
-    if attempt.stream or upstream.config.on_disconnect != "drain":
-        return await _exchange(attempt)
     work = asyncio.ensure_future(_exchange(attempt))
     try:
         return await asyncio.shield(work)
