@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +143,7 @@ async def cpu_per_row_at_size(folder: str, size: int, keys: str) -> float:
     try:
         async def add(n: int) -> None:
             for _ in range(n // 500):
-                await store.write([replace(template, id=key(), ts=time.time())
+                await store.write([template._replace(id=key(), ts=time.time())
                                    for _ in range(500)])
         await add(size)
         used = await store._call(time.thread_time)  # type: ignore[attr-defined]

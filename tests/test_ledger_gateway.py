@@ -6,7 +6,6 @@ Each test closes its gateway (a graceful shutdown flushes the ledger) and reads 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any
 
@@ -204,7 +203,7 @@ async def test_retention_removes_old_rows_at_startup(
         counterfactual_cost=0.0)
     store = open_store(ledger_target)
     await store.open()
-    await store.write([old, dataclasses.replace(old, id="recent", ts=time.time() - 86_400)])
+    await store.write([old, old._replace(id="recent", ts=time.time() - 86_400)])
     await store.close()
     raw = config(ledger_target)
     raw["ledger"]["retention_days"] = 7

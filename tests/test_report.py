@@ -350,8 +350,8 @@ def test_text_shows_the_figures_within_100_columns(report: dict[str, Any]) -> No
 
 def test_html_is_self_contained_and_escaped() -> None:
     rows = hand_ledger()
-    rows[0].arm = "<script>alert(1)</script>"
-    rows[1].backend = "a&b"
+    rows[0] = rows[0]._replace(arm="<script>alert(1)</script>")
+    rows[1] = rows[1]._replace(backend="a&b")
     page = render_html(build_report(rows, resamples=10))
     assert "<script" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page

@@ -27,10 +27,7 @@ RENDERERS = (render_text, render_csv, render_json, render_html)
 
 
 def with_replicas(names: dict[str, str]) -> list[LedgerRow]:
-    rows = hand_ledger()
-    for r in rows:
-        r.replica = names.get(r.id)
-    return rows
+    return [r._replace(replica=names.get(r.id)) for r in hand_ledger()]
 
 
 def report_of(rows: list[LedgerRow]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ weighted or not, the fold beyond TENANT_ROWS, and the four renderings."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 from pathlib import Path
 from typing import Any
@@ -60,8 +59,8 @@ async def test_a_gateways_ledger_reports_its_tenants(
 def of(tenant: str | None, key: str, backend: str | None, status: int = 200, *,
        tokens: tuple[int, int] = (0, 0), wait: float = 0.0,
        error: str | None = None) -> LedgerRow:
-    return dataclasses.replace(row(key, len(key), None, backend, status, tokens=tokens,
-                                   wait=wait, error=error), tenant=tenant)
+    return row(key, len(key), None, backend, status, tokens=tokens, wait=wait,
+               error=error)._replace(tenant=tenant)
 
 
 def tenant_rows() -> list[LedgerRow]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import dataclasses
 import io
 from typing import Any
 
@@ -149,9 +148,9 @@ async def test_the_forecast_reads_the_backends_answer_model(
 def _row(key: str, arm: str | None, priority: str | None, objective: float | None,
          ttft: float | None, status: int = 200, total: float = 0.0) -> LedgerRow:
     base = row(key, 0, arm, "big" if status != 429 else None, status, ttft=ttft)
-    return dataclasses.replace(base, priority=priority, slo_ttft_ms=objective,
-                               predicted_ttft_ms=None if ttft is None else 100.0,
-                               total_ms=total if ttft is None else ttft)
+    return base._replace(priority=priority, slo_ttft_ms=objective,
+                         predicted_ttft_ms=None if ttft is None else 100.0,
+                         total_ms=total if ttft is None else ttft)
 
 
 def hand_rows() -> list[LedgerRow]:

@@ -12,18 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 log = logging.getLogger("slotgate.ledger")
 
 
-@dataclass(slots=True)
-class LedgerRow:
-    """One request, as the ledger keeps it. Times are in ms, `ts` in Unix seconds."""
+class LedgerRow(NamedTuple):
+    """One request, as the ledger keeps it. Times are in ms, `ts` in Unix seconds. A tuple
+    in the table's column order: a store writes it as it is (built once per request, by
+    one call, then never copied field by field)."""
 
     id: str  # made by the gateway, unique per request: the idempotency key
     ts: float  # when the request arrived
@@ -70,15 +70,7 @@ class LedgerRow:
     usage_rejected: bool | None = False
 
 
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))
-
-
-_VALUES = operator.attrgetter(*COLUMNS)
-
-
-def row_values(row: LedgerRow) -> tuple[object, ...]:
-    values: tuple[object, ...] = _VALUES(row)  # not astuple(): it deep-copies every field
-    return values
+COLUMNS: tuple[str, ...] = LedgerRow._fields
 
 
 @dataclass(frozen=True, slots=True)

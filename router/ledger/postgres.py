@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from router.ledger.base import COLUMNS, LedgerRow, RowFilter, row_values
+from router.ledger.base import COLUMNS, LedgerRow, RowFilter
 from router.ledger.schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
 
 _LOCK_KEY = 0x5106_6A7E  # the advisory lock that serialises migrations
@@ -52,7 +52,7 @@ class PostgresStore:
         async with self._pool.acquire() as db, db.transaction():
             await db.executemany(
                 f"INSERT INTO requests ({COLUMN_LIST}) VALUES ({marks}) "
-                "ON CONFLICT (id) DO NOTHING", [row_values(row) for row in rows])
+                "ON CONFLICT (id) DO NOTHING", rows)
 
     async def fetch(self, where: RowFilter) -> list[LedgerRow]:
         clause, args = where_clause(where, lambda i: f"${i}")

@@ -18,7 +18,7 @@ from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
-from router.ledger.base import COLUMNS, LedgerRow, RowFilter, row_values
+from router.ledger.base import COLUMNS, LedgerRow, RowFilter
 from router.ledger.schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
 
 T = TypeVar("T")
@@ -77,10 +77,9 @@ class SQLiteStore:
         self._db = db
 
     async def write(self, rows: Sequence[LedgerRow]) -> None:
-        values = [row_values(row) for row in rows]
-        await self._call(lambda: self._write(values))
+        await self._call(lambda: self._write(rows))
 
-    def _write(self, values: list[tuple[object, ...]]) -> None:
+    def _write(self, values: Sequence[tuple[object, ...]]) -> None:
         assert self._db is not None, "open() first"
         with self._db:  # one transaction per batch
             self._db.execute("BEGIN")
@@ -131,8 +130,7 @@ class SQLiteStore:
 
 def _row(values: Sequence[object]) -> LedgerRow:
     row = LedgerRow(*values)  # type: ignore[arg-type]
-    row.stream = bool(row.stream)  # SQLite keeps booleans as 0/1
-    row.tokens_estimated = bool(row.tokens_estimated)
-    if row.usage_rejected is not None:
-        row.usage_rejected = bool(row.usage_rejected)
-    return row
+    rejected = row.usage_rejected
+    return row._replace(stream=bool(row.stream),  # SQLite keeps booleans as 0/1
+                        tokens_estimated=bool(row.tokens_estimated),
+                        usage_rejected=None if rejected is None else bool(rejected))

@@ -152,8 +152,7 @@ async def test_max_rows_bounds_the_ledger(ledger_target: str) -> None:
     assert [r.id for r in kept] == [f"row-{i:04d}" for i in range(15, 25)]  # the newest
     assert await ledger.store.trim(10) == 0  # already within the bound
     for row in rows(3, now + 1):  # three newer rows (ids reused: a fresh table's worth)
-        row.id = "new-" + row.id
-        ledger.add(row)
+        ledger.add(row._replace(id="new-" + row.id))
     await ledger.flush()
     assert await ledger.store.trim(10) == 3  # the three oldest go
     kept = await ledger.store.fetch(RowFilter())
