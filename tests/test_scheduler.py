@@ -15,7 +15,7 @@ from policies.scheduler.admission import RejectReason
 from policies.scheduler.decision import Refuse, Run, Wait
 from policies.scheduler.failover import Standing
 from policies.scheduler.objective import Option, OptionKind
-from policies.scheduler.pipeline import decide, retry
+from policies.scheduler.pipeline import decide, in_stages, retry
 from policies.scheduler.steering import Candidate, RequestFacts
 from policies.slots import PoolSnapshot
 
@@ -138,6 +138,37 @@ TABLE = [
                          ids=[row[0] for row in TABLE])
 def test_decide(case: str, view: View, config: RouteConfig, expected: object) -> None:
     assert decide(Facts(), view, config) == expected
+
+
+def _grid() -> list[tuple[View, RouteConfig]]:
+    """Every mix of the primary's load, health and group pick with the fallback's load and
+    health, under each steering rule and overflow."""
+    loads = {"free": {}, "one queued": {"active": 2, "queued": 1},
+             "full": {"active": 2, "queued": 4}}
+    offered = (Option(OptionKind.PRIMARY, "big", 2.0, 1.0),
+               Option(OptionKind.SMALL, "small", 0.5, 0.1))
+    out = []
+    for big in loads.values():
+        for small in loads.values():
+            pools = {"big": pool("big", **big), "small": pool("small", **small)}
+            for standings in ({}, {"big": DOWN}, {"big": PROBE}, {"small": DOWN},
+                              {"big": DOWN, "small": DOWN}):
+                for placed in ({}, {"big": Placed(("big-1",), "big-1")},
+                               {"big": Placed((), "big-0", 0.5)}):
+                    for when in FallbackWhen:
+                        for overflow in Overflow:
+                            out.append((View(pools, standings, placed=placed,
+                                             offered=offered), route(when, overflow)))
+    return out
+
+
+def test_the_free_primary_shortcut_decides_as_the_stages_do() -> None:
+    """`decide` answers a healthy primary with a free slot in one step; over every row of
+    the table and a grid of loads, healths, picks and rules, it answers as `in_stages`."""
+    cases = [(view, config) for _, view, config, _ in TABLE] + _grid()
+    for view, config in cases:
+        assert decide(Facts(), view, config) == in_stages(Facts(), view, config), (view, config)
+    assert len(cases) > 1000
 
 
 def test_the_classifier_is_asked_only_where_its_verdict_may_change_the_outcome() -> None:

@@ -32,7 +32,7 @@ from collections.abc import Container, Mapping, Sequence
 from typing import Protocol
 
 from policies.config import FallbackWhen, Overflow, Priority, RouteConfig, RouteFallbackConfig
-from policies.scheduler.admission import Reject, RejectReason
+from policies.scheduler.admission import Reject, RejectReason, RouteReason
 from policies.scheduler.admission import Wait as Queue
 from policies.scheduler.admission import decide as admit
 from policies.scheduler.decision import Decision, Refuse, Run, Wait
@@ -93,7 +93,25 @@ class View(Protocol):
 def decide(request: Request, view: View, route: RouteConfig,
            gone: Sequence[str] = ()) -> Decision:
     """Where and when the request runs on `route`, or why it does not. `gone`: backends
-    whose breaker opened while it waited there (it leaves them out)."""
+    whose breaker opened while it waited there (it leaves them out).
+
+    The usual case first, in one step: a healthy primary with a free slot, on a route that
+    steers only what would wait, runs there (its group's pick aside). That is what the
+    stages decide for it (tests/test_scheduler.py holds the two to the same answers),
+    without asking the fallbacks' health and load, which cannot change it."""
+    if not gone and route.fallback.when is not FallbackWhen.ALWAYS:
+        name = route.primary
+        if view.standing((name,))[name] is Standing.UP and view.pool(name).open:
+            return _on_replica(view, name, _PRIMARY, None, None, True)
+    return in_stages(request, view, route, gone)
+
+
+_PRIMARY = RouteReason.PRIMARY._value_
+
+
+def in_stages(request: Request, view: View, route: RouteConfig,
+              gone: Sequence[str] = ()) -> Decision:
+    """`decide` through every stage, in order."""
     chain = (route.primary, *route.fallbacks)
     for name in gone:
         rest = without(route, name, request.able)
