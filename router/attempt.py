@@ -61,22 +61,27 @@ def first_byte(ex: Exchange, lease: Lease) -> Callable[[float], None]:
     return came
 
 
+def start_frame(ex: Exchange, backend: str) -> bytes:
+    """What a stream hears when its slot is granted (built only for a stream that will)."""
+    rec = ex.rec
+    return ex.dialect.start_frame(backend, rec.reason, rec.queue_wait_ms, ex.wants_events(),
+                                  rec.replica)
+
+
 async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
     """One attempt on `lease`'s replica, its progress recorded whatever the way it ends."""
     rec, parsed, name = ex.rec, ex.request_body, lease.pool
     upstream = ex.gw.backends[name].replicas[lease.replica].upstream
-    events = ex.wants_events()
-    start = ex.dialect.start_frame(name, rec.reason, rec.queue_wait_ms, events, rec.replica)
     preamble = b""
     tracing, context = ex.trace, None
     if tracing is not None:  # the attempt's span: the engine gets it as its traceparent
         where = upstream.target(parsed.endpoint.value.removeprefix("/v1"))
         context = tracing.attempt(name, lease.replica, where.host, where.port,
                                   upstream.config.model)
-    if ex.response is not None:
-        await ex.send(start)
-    elif parsed.stream and events:
-        preamble = start  # said right after the headers, before the first chunk
+    if ex.response is not None:  # (a stream that waited: its answer began meanwhile)
+        await ex.send(start_frame(ex, name))
+    elif parsed.stream and ex.wants_events():
+        preamble = start_frame(ex, name)  # said right after the headers, before the first chunk
     fold = upstream.config.system_messages is SystemMessages.FOLD
     body = (upstream_body(parsed, upstream.config.model, fold) if not ex.big else  # its dump
             await ex.gw.big_bodies.off_loop(upstream_body, parsed, upstream.config.model, fold))
