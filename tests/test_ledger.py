@@ -214,6 +214,45 @@ async def test_a_ledger_without_usage_checks_is_migrated_in_place(ledger_target:
     assert SCHEMA_VERSION >= 6
 
 
+async def _indexes(target: str) -> set[str]:
+    """The names of the requests table's indexes (those a statement made)."""
+    if not target.startswith("postgres"):
+        with sqlite3.connect(target) as db:
+            return {name for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' "
+                "AND tbl_name = 'requests' AND sql IS NOT NULL")}
+    import asyncpg
+
+    db = await asyncpg.connect(target)
+    try:
+        return {r["indexname"] for r in await db.fetch(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'requests'")} - {
+            "requests_pkey"}
+    finally:
+        await db.close()
+
+
+async def test_step_7_keeps_only_the_time_index(ledger_target: str) -> None:
+    """Step 7 on a ledger of schema 6 drops the experiment and key indexes (each a B-tree
+    every row was written into); the rows stay, and the reads they served still answer
+    through the time index: an experiment's rows, a key's spend."""
+    await _make_old_ledger(ledger_target, row(1, key_id="team-a"), version=6,
+                           first_new="usage_rejected")
+    assert await _indexes(ledger_target) == {"requests_ts", "requests_experiment_ts",
+                                             "requests_key_ts"}
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        await store.write([row(2, experiment="other", key_id="team-a"), row(3)])
+        assert await _indexes(ledger_target) == {"requests_ts"}
+        got = await store.fetch(RowFilter(experiment="ab", since=1_700_000_000.0))
+        assert [r.id for r in got] == ["row-1", "row-3"]
+        assert (await store.spent(0.0))["team-a"][0] == (10 + 1 + 100 + 1) + (10 + 2 + 100 + 2)
+    finally:
+        await store.close()
+    assert SCHEMA_VERSION >= 7
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/other"])
 async def test_a_ledger_without_apis_is_migrated_in_place(ledger_target: str,
                                                           path: str) -> None:
