@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from router.ledger.base import COLUMNS, LedgerRow, RowFilter
 from router.ledger.schema import COLUMN_LIST, MIGRATIONS, SPENT, TRIM, where_clause
@@ -28,6 +28,21 @@ T = TypeVar("T")
 # of the GIL between the two threads (a futex call per row, seen with strace), and the
 # writer three times its own CPU. Same CPU alone: bench/ledger_cost.py.
 ROWS_PER_INSERT = 100
+
+
+def _bind_plainly() -> None:
+    """Let the sqlite3 module bind a row's None and bool values without looking for an
+    adapter. It binds an exact int, float or str directly; any other value (None, a bool)
+    costs a failed lookup in its adapters and two failed attribute lookups on the value
+    before it is bound as it is: a third of the writer's CPU per row, as a ledger row holds
+    a dozen of them. Registered, the lookup finds C callables that return what the module
+    would have bound anyway (1 or 0; None, which binds NULL). SQLite per row, 30,000 rows
+    in 100-row INSERTs: 9.2 -> 5.7 us. Process-wide, as the module's adapters are."""
+    sqlite3.register_adapter(bool, int)
+    sqlite3.register_adapter(type(None), _NULL)
+
+
+_NULL = cast(Callable[[None], None], {}.get)  # a C callable: None for any value
 
 
 @functools.lru_cache(maxsize=ROWS_PER_INSERT)
@@ -52,6 +67,7 @@ class SQLiteStore:
         await self._call(self._open)
 
     def _open(self) -> None:
+        _bind_plainly()
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
