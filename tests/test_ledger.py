@@ -10,7 +10,7 @@ import pytest
 from router.ledger.base import COLUMNS, Ledger, LedgerRow, RowFilter
 from router.ledger.open import open_store
 from router.ledger.schema import MIGRATIONS, SCHEMA_VERSION
-from router.ledger.sqlite import SQLiteStore
+from router.ledger.sqlite import ROWS_PER_INSERT, SQLiteStore, statement_sizes
 
 
 def row(i: int, **fields: object) -> LedgerRow:
@@ -351,3 +351,29 @@ def test_the_gateways_ids_are_uuid7s_in_the_order_they_were_made() -> None:
     assert len(set(ids)) == len(ids)
     stamps = [int(i[:12], 16) for i in ids]  # milliseconds: never out of order
     assert stamps == sorted(stamps)
+
+
+def test_a_batch_is_cut_into_few_statement_sizes() -> None:
+    """Every batch size is written whole, by INSERTs of at most eight row counts: the
+    sqlite3 module keeps each statement it prepared (one of 100 rows holds about 0.3 MB),
+    so one per row count would hold 16 MB."""
+    seen: set[int] = set()
+    for rows in range(0, 1001):
+        sizes = statement_sizes(rows)
+        assert sum(sizes) == rows and all(0 < size <= ROWS_PER_INSERT for size in sizes)
+        seen.update(sizes)
+    assert seen == {100, 64, 32, 16, 8, 4, 2, 1}
+
+
+async def test_batches_of_every_size_are_written_whole(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "ledger.sqlite3"))
+    await store.open()
+    try:
+        written = 0
+        for size in (*range(1, 102), 250, 499):
+            await store.write([row(written + i) for i in range(size)])
+            written += size
+        got = await store.fetch(RowFilter())
+        assert [r.id for r in got] == [f"row-{i}" for i in range(written)]
+    finally:
+        await store.close()

@@ -45,7 +45,22 @@ def _bind_plainly() -> None:
 _NULL = cast(Callable[[None], None], {}.get)  # a C callable: None for any value
 
 
-@functools.lru_cache(maxsize=ROWS_PER_INSERT)
+# Sizes of the INSERTs a batch is cut into: full ones, then the rest by powers of two. The
+# sqlite3 module keeps each statement it prepared, and a statement of 100 rows' 3,300
+# values holds about 0.3 MB: one per row count from 1 to 100 held 16 MB of the gateway's
+# memory. These eight hold 0.7 MB.
+_PARTS = tuple(1 << bit for bit in range(ROWS_PER_INSERT.bit_length() - 1, -1, -1))
+
+
+def statement_sizes(rows: int) -> list[int]:
+    """The row counts of the INSERTs that write `rows` rows."""
+    sizes = [ROWS_PER_INSERT] * (rows // ROWS_PER_INSERT)
+    rest = rows % ROWS_PER_INSERT
+    sizes.extend(part for part in _PARTS if rest & part)
+    return sizes
+
+
+@functools.lru_cache(maxsize=len(_PARTS) + 1)
 def _insert(rows: int) -> str:
     """The INSERT of `rows` rows (a row already there is kept: a batch may be sent twice)."""
     one = "(" + ", ".join("?" * len(COLUMNS)) + ")"
@@ -99,9 +114,11 @@ class SQLiteStore:
         assert self._db is not None, "open() first"
         with self._db:  # one transaction per batch
             self._db.execute("BEGIN")
-            for i in range(0, len(values), ROWS_PER_INSERT):
-                part = values[i:i + ROWS_PER_INSERT]
-                self._db.execute(_insert(len(part)), tuple(chain.from_iterable(part)))
+            start = 0
+            for rows in statement_sizes(len(values)):
+                part = values[start:start + rows]
+                self._db.execute(_insert(rows), tuple(chain.from_iterable(part)))
+                start += rows
 
     async def fetch(self, where: RowFilter) -> list[LedgerRow]:
         return await self._call(lambda: self._fetch(where))
