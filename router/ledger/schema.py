@@ -41,7 +41,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "WHEN '/v1/completions' THEN 'completions' END")),
     (6, ("ALTER TABLE requests ADD COLUMN usage_rejected BOOLEAN",)),  # before it: NULL
     # Each index is a B-tree every row is written into (SQLite, 300,000 rows: 2.3 us of
-    # the writer's CPU per row each, bench/ledger_cost.py). Reports and the budgets' seed
+    # the writer's CPU per row each, in 100-row INSERTs). Reports and the budgets' seed
     # read a time range; the ts index bounds it, and a filter on experiment or key within
     # it costs a report a scan of that range, not every request its two inserts.
     (7, ("DROP INDEX IF EXISTS requests_experiment_ts",
