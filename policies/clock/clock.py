@@ -37,7 +37,9 @@ MIN_RATE_SAMPLES = 8  # a replica's measured streams before its rates replace th
 PREFILL_PRIOR_S_PER_TOKEN = 1e-4
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: one is made for every request, and a frozen
+# dataclass sets each field through object.__setattr__ (a Run: 0.92 -> 0.24 us to make).
+@dataclass(slots=True)
 class Answered:
     """What one request that held a slot tells its backend's clock."""
 

@@ -43,7 +43,9 @@ class Lack(enum.StrEnum):
     CONTEXT = "context"
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: one is made for every request, and a frozen
+# dataclass sets each field through object.__setattr__ (a Run: 0.92 -> 0.24 us to make).
+@dataclass(slots=True)
 class Needs:
     """What a request asks of whichever backend serves it."""
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from policies.scheduler.admission import RejectReason
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: one is made for every request, and a frozen
+# dataclass sets each field through object.__setattr__ (a Run: 0.92 -> 0.24 us to make).
+@dataclass(slots=True)
 class Run:
     """Take a free slot on `backend` now (its replicas in `prefer`'s order first)."""
 
@@ -29,7 +31,7 @@ class Run:
     movable: str | None = None  # (nor a fallback to move to)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wait:
     """Wait in `backend`'s line; `want`: the replica it would rather have (with `hold_s`
     > 0, the one it waits for alone that long); `movable`: a fallback it leaves the line

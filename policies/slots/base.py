@@ -55,7 +55,9 @@ class PoolUnavailable(Exception):
         self.retry_after_s = retry_after_s
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: one is made for every request, and a frozen
+# dataclass sets each field through object.__setattr__ (a Run: 0.92 -> 0.24 us to make).
+@dataclass(slots=True)
 class PoolSnapshot:
     """The facts admission decides on, read at one instant."""
 
