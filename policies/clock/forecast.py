@@ -31,7 +31,9 @@ class Produced(Protocol):
     def seen_events(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: made for every request that waits, and a
+# frozen dataclass sets each field through object.__setattr__ (policies/scheduler/decision.py).
+@dataclass(slots=True)
 class Running:
     """One running answer as the forecast sees it."""
 

@@ -25,7 +25,9 @@ FLOOR_FRACTION = 0.05  # an overdue lease still needs at least this fraction of 
 _TAIL_X2 = 2 * (1 - TAIL_XI) / (1 - 2 * TAIL_XI)  # E[X^2] / e^2 of the tail's excess X
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: made for every request that waits, and a
+# frozen dataclass sets each field through object.__setattr__ (policies/scheduler/decision.py).
+@dataclass(slots=True)
 class Residual:
     """What is left of one running lease: mean, variance and CDF of its remaining time."""
 
@@ -47,7 +49,7 @@ class Residual:
         return max(0.0, 1.0 - self.shape.survival(self.age_s + t) / self.survival)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HoldDistribution:
     """Hold times: the recent samples, the top few replaced by a Pareto tail. Read-only.
 

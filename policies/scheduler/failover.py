@@ -27,7 +27,9 @@ class Standing(enum.StrEnum):
     DOWN = "down"  # breaker open (probe not due), or waiting out a 429's Retry-After
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: made for every request that waits, and a
+# frozen dataclass sets each field through object.__setattr__ (policies/scheduler/decision.py).
+@dataclass(slots=True)
 class Plan:
     """Admit on `route`; `takes_probe`: its primary is open and this request is the probe."""
 

@@ -106,7 +106,7 @@ class Seats:
         return max(0, self.slots - self.active) if self.healthy else 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Share:
     """Whose a waiter is, for a `fair` line: its tenant, the tenant's weight (served tokens
     count 1/weight against it) and its prompt's estimated tokens (charged at its grant)."""
