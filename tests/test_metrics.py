@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import aiohttp
 import orjson
@@ -191,3 +192,68 @@ def test_tallied_histogram_buckets_are_inclusive_and_cumulative() -> None:
     assert samples[("t_seconds_bucket", "0.1")] == 3
     assert samples[("t_seconds_bucket", "+Inf")] == samples[("t_seconds_count", None)] == 4
     assert samples[("t_seconds_sum", None)] == pytest.approx(5.1200001)
+
+
+def _counted_by_labels(records: list[RequestRecord], tenants: frozenset[str]
+                       ) -> dict[str, dict[tuple[str, ...], float]]:
+    """What the served series should hold, counted label by label."""
+    want: dict[str, dict[tuple[str, ...], float]] = {}
+
+    def add(family: str, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        got = want.setdefault(family, {})
+        got[labels] = got.get(labels, 0.0) + amount
+
+    for rec in records:
+        assert rec.backend is not None
+        status = f"{rec.status // 100}xx"
+        tenant = rec.tenant if rec.tenant in tenants else "other"
+        if rec.status:
+            add("requests", (rec.route or "unknown", rec.backend, status, rec.api))
+            if rec.replica is not None:
+                add("replica_requests", (rec.backend, rec.replica, status))
+        if rec.prompt_tokens is not None:
+            add("tokens", (rec.backend, "in"), rec.prompt_tokens)
+            add("tokens", (rec.backend, "out"), rec.completion_tokens or 0)
+            add("tenant_tokens", (rec.backend, tenant),
+                rec.prompt_tokens + (rec.completion_tokens or 0))
+    return want
+
+
+def test_a_kinds_kept_series_count_what_label_by_label_counting_would() -> None:
+    """router/telemetry/served.py: requests of every kind (status, replica, tenant, tokens
+    or none, a route or none), some kinds again and again, and a reload between them that
+    removes a backend's series and brings them back: each count as if made label by label."""
+    raw = gateway_config(sim_backend("m", slots=2))
+    raw["auth"] = {"enabled": True, "keys": [{"id": "k", "tenant": "acme", "sha256": "0" * 64}]}
+    config = config_from_dict(raw)
+    metrics, pool = Metrics(), LocalSlotPool("big", 2, 0, HoldTimeModel(1.0))
+    metrics.watch(pool)
+    metrics.configure(config)
+    kinds: list[dict[str, Any]] = [dict(status=200, replica="big", tenant="acme", prompt_tokens=5,
+                  completion_tokens=7, ttft_ms=12.0),
+             dict(status=200, replica=None, tenant="stranger", prompt_tokens=3,
+                  completion_tokens=None),
+             dict(status=502, replica="big", tenant=None, prompt_tokens=None),
+             dict(status=0, replica="big", tenant="acme", prompt_tokens=2, completion_tokens=1),
+             dict(status=200, replica="big", tenant="acme", prompt_tokens=1,
+                  completion_tokens=1, route=None)]
+    records = [RequestRecord("r", "/v1/chat/completions", 0.0, 0.0, "row", backend="big",
+                             reason="primary", **{"route": "chat", **kind})
+               for _ in range(3) for kind in kinds]
+    for rec in records[:8]:
+        metrics.record(rec, "big")
+    other = {"backends": {"other": sim_backend("m", slots=1)},
+             "routes": {"chat": {"primary": "other"}}}
+    metrics.watch(LocalSlotPool("other", 1, 0, HoldTimeModel(1.0)))
+    metrics.configure(config_from_dict(other))
+    assert metrics.tokens.values == {("other", "in"): 0.0, ("other", "out"): 0.0}
+    metrics.watch(pool)
+    metrics.configure(config)  # back: its series at 0 again, the first eight gone
+    for rec in records[8:]:
+        metrics.record(rec, "big")
+    want = _counted_by_labels(records[8:], frozenset({"acme"}))
+    for family, series in want.items():
+        values = getattr(metrics, family).values
+        assert {k: values.get(k) for k in series} == series, family
+    ttft = metrics.ttft.series(("big", "chat"))
+    assert ttft[-1] == pytest.approx(0.012 * sum(1 for r in records[8:] if r.ttft_ms))

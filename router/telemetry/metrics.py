@@ -20,10 +20,11 @@ from prometheus_client.registry import Collector
 from policies.clock.slo import Verdict
 from policies.config import Config, Priority
 from policies.health.failures import METRIC_KINDS, FailureKind, metric_kind
-from policies.scheduler.admission import RejectReason
+from policies.scheduler.admission import RejectReason, RouteReason
 from policies.scheduler.pick import PickReason
 from router.common.record import Phase
 from router.request.auth import AUTH_FAILURES
+from router.telemetry.served import MAX_KINDS, Families, Kind, Served, observe
 from router.telemetry.tallies import Labels, Spread, Tally
 from router.telemetry.zeros import STATUS_CLASSES, Labelled, Scope, rescope
 
@@ -49,6 +50,7 @@ _CLASSES = tuple(p.value for p in Priority)
 _REASONS = tuple(r.value for r in RejectReason)
 _PICKS = tuple(r.value for r in PickReason)
 _PHASES = tuple(p.value for p in Phase if p is not Phase.DONE)  # where a client may leave
+_PRIMARY = RouteReason.PRIMARY.value  # the reason of a request that ran on its primary
 
 class Metrics:
     def __init__(self) -> None:
@@ -127,6 +129,9 @@ class Metrics:
         self._groups: set[str] = set()  # the pools of more than one replica
         self._scope = Scope()  # the label values of the last configure
         self._labelled = self._zeros()
+        self._families = Families(self.requests, self.ttft, self.tokens, self.replica_requests,
+                                  self.replica_ttft, self.tenant_tokens, self.tenant_wait)
+        self._kinds: dict[Kind, Served] = {}  # (router/telemetry/served.py)
         for labelled in self._labelled:
             r.register(labelled.family)
         r.register(self.fallbacks)  # its intents are the classifier's: on first use
@@ -219,55 +224,68 @@ class Metrics:
         scope = Scope.of(config, self._pools, tenants)
         rescope(self._labelled, self._scope, scope)
         self._scope = scope
+        self._kinds.clear()  # (their series may have been removed)
 
     def record(self, rec: RequestRecord, primary: str | None,
                failed: FailureKind | None = None) -> None:
         """Everything a finished request tells, from its record (`failed`: how its upstream
         exchange failed, if it did)."""
-        backend = rec.backend or NO_BACKEND
-        if rec.status:
-            self.requests.add((rec.route or "unknown", backend, f"{rec.status // 100}xx",
-                               rec.api))
+        backend = rec.backend
+        if backend is None:
+            if rec.status:
+                self.requests.add((rec.route or "unknown", NO_BACKEND,
+                                   f"{rec.status // 100}xx", rec.api))
+            if rec.error in AUTH_FAILURES:
+                self.auth_failures.add((rec.error,))
+            return
+        if (rec.error is not None or failed is not None or rec.disconnect is not None
+                or rec.pick is not None or rec.reason != _PRIMARY):
+            self._unusual(rec, backend, primary, failed)
+        kind = (rec.route, backend, rec.replica, rec.api, rec.status,
+                self.tenant_label(rec.tenant) if self._by_tenant else None)
+        served = self._kinds.get(kind)
+        if served is None:
+            if len(self._kinds) >= MAX_KINDS:
+                self._kinds.clear()
+            served = self._kinds[kind] = self._families.served(kind)
+        if served.requests is not None:
+            served.requests[0] += 1
+            if served.replica_requests is not None:
+                served.replica_requests[0] += 1
+        if rec.ttft_ms is not None:  # (each of these histograms has the BUCKETS)
+            observe(served.ttft, BUCKETS, rec.ttft_ms / 1000)
+            if served.replica_ttft is not None:
+                observe(served.replica_ttft, BUCKETS, rec.ttft_ms / 1000)
+        if rec.prompt_tokens is not None:
+            completion = rec.completion_tokens or 0
+            served.tokens_in[0] += rec.prompt_tokens
+            served.tokens_out[0] += completion
+            if served.tenant_tokens is not None:  # its tenant's share: its tokens, and its
+                served.tenant_tokens[0] += rec.prompt_tokens + completion  # wait if it
+        if served.tenant_wait is not None and (rec.slot_at is not None or rec.queue_wait_ms):
+            observe(served.tenant_wait, BUCKETS, rec.queue_wait_ms / 1000)  # reached the line
+
+    def _unusual(self, rec: RequestRecord, backend: str, primary: str | None,
+                 failed: FailureKind | None) -> None:
+        """What only some requests tell: a refusal by the key check, an upstream failure,
+        a client that left, a move to a fallback, a group's replica pick."""
         if rec.error in AUTH_FAILURES:
             self.auth_failures.add((rec.error,))
-        elif failed is not None and rec.backend and (kind := metric_kind(failed)) is not None:
-            self.upstream_errors.add((rec.backend, kind))
-        if rec.disconnect is not None and rec.backend:
-            self.disconnects.add((rec.backend, rec.disconnect.value))
-        if rec.reason and rec.reason.startswith("fallback:") and primary and rec.backend:
+        elif failed is not None and (kind := metric_kind(failed)) is not None:
+            self.upstream_errors.add((backend, kind))
+        if rec.disconnect is not None:
+            self.disconnects.add((backend, rec.disconnect.value))
+        if rec.reason and rec.reason.startswith("fallback:") and primary:
             intent = "overflow" if rec.reason == "fallback:overflow" else rec.intent or "unknown"
-            self.fallbacks.add((primary, rec.backend, intent))
-        if rec.backend is None:
-            return
-        if self._by_tenant:  # without keys, no request has a tenant: nothing to count
-            self._tenant_share(rec, rec.backend)
-        if rec.ttft_ms is not None:
-            self.ttft.observe(self.ttft.series((rec.backend, rec.api)), rec.ttft_ms / 1000)
-        if rec.prompt_tokens is not None:
-            self.tokens.add((rec.backend, "in"), rec.prompt_tokens)
-            self.tokens.add((rec.backend, "out"), rec.completion_tokens or 0)
-        if rec.pick is not None and rec.backend in self._groups:  # a retry elsewhere may
-            self.picks.add((rec.backend, rec.pick))  # leave its first group's pick behind
+            self.fallbacks.add((primary, backend, intent))
+        if rec.pick is not None and backend in self._groups:  # a retry elsewhere may
+            self.picks.add((backend, rec.pick))  # leave its first group's pick behind
             if rec.prefix_blocks is not None:
-                self.prefix_lookups.add((rec.backend, "hit" if rec.prefix_blocks else "miss"))
-        if rec.replica is not None:
-            if rec.status:
-                self.replica_requests.add((rec.backend, rec.replica, f"{rec.status // 100}xx"))
-            if rec.ttft_ms is not None:
-                self.replica_ttft.observe(self.replica_ttft.series((rec.backend, rec.replica)),
-                                          rec.ttft_ms / 1000)
+                self.prefix_lookups.add((backend, "hit" if rec.prefix_blocks else "miss"))
 
     def tenant_label(self, tenant: str | None) -> str:
         """The tenant label of a request of `tenant`."""
         return tenant if tenant in self._tenants else OTHER_TENANT
-
-    def _tenant_share(self, rec: RequestRecord, backend: str) -> None:
-        """Its tokens, and its wait if it reached the line (got a slot, or waited and left)."""
-        labels = (backend, self.tenant_label(rec.tenant))
-        if rec.prompt_tokens is not None:
-            self.tenant_tokens.add(labels, rec.prompt_tokens + (rec.completion_tokens or 0))
-        if rec.slot_at is not None or rec.queue_wait_ms:
-            self.tenant_wait.observe(self.tenant_wait.series(labels), rec.queue_wait_ms / 1000)
 
     def judged(self, rec: RequestRecord, verdict: Verdict) -> bool:
         """Count a request's verdict on its TTFT objective (and, with a first token, how far

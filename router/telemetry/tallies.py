@@ -21,30 +21,43 @@ Labels = tuple[str, ...]
 
 
 class Tally(Collector):
-    """A counter family: `add(labels, amount)`."""
+    """A counter family: `add(labels, amount)`, or `cell(labels)` once and then `cell[0] +=
+    amount` (router/telemetry/served.py: no label tuple hashed per update)."""
 
     def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
         self.name, self.documentation, self.labels = name, documentation, list(labels)
-        self.values: dict[Labels, float] = {}
+        self.cells: dict[Labels, list[float]] = {}  # each series' value, in a cell of its own
+
+    @property
+    def values(self) -> dict[Labels, float]:
+        return {labels: cell[0] for labels, cell in self.cells.items()}
 
     def add(self, labels: Labels, amount: float = 1.0) -> None:
-        values = self.values  # (`in` and `[]`: no call of their own, as `get` is)
-        if labels in values:
-            values[labels] += amount
+        cells = self.cells  # (`in` and `[]`: no call of their own, as `get` is)
+        if labels in cells:
+            cells[labels][0] += amount
         else:
-            values[labels] = amount
+            cells[labels] = [amount]
+
+    def cell(self, labels: Labels) -> list[float]:
+        """The series' cell (made at 0): add to its item 0."""
+        cells = self.cells
+        if labels in cells:
+            return cells[labels]
+        found = cells[labels] = [0.0]
+        return found
 
     def zero(self, labels: Labels) -> None:
         """The series at 0 unless it exists (router/telemetry/zeros.py)."""
-        self.values.setdefault(labels, 0.0)
+        self.cells.setdefault(labels, [0.0])
 
     def drop(self, stale: Callable[[Labels], bool]) -> None:
-        self.values = {k: v for k, v in self.values.items() if not stale(k)}
+        self.cells = {k: v for k, v in self.cells.items() if not stale(k)}
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
-        for labels, value in self.values.items():
-            family.add_metric(list(labels), value)
+        for labels, cell in self.cells.items():
+            family.add_metric(list(labels), cell[0])
         yield family
 
 
