@@ -19,7 +19,7 @@ _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 
 def request_text(body: Mapping[str, Any]) -> str:
     """The classifier's input for a chat, completions or Responses request body."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, dict):  # (parsed JSON: a dict; an ABC check costs 10x more)
         return ""
     messages = body.get("messages")
     if isinstance(messages, list):
@@ -48,28 +48,35 @@ def clip(text: str) -> str:
 
 
 def _chat_text(messages: list[Any]) -> str:
-    system = ""
-    user = ""
-    last_any = ""
-    for message in messages:
-        if not isinstance(message, Mapping):
+    """The last user turn (else the last turn) and the head of the first system prompt.
+    Only the turns that can be those are read: a long conversation costs its last turns
+    and its first system ones, not all of them."""
+    user = last_any = ""
+    for message in reversed(messages):  # from the end, to the last user turn with text
+        if not isinstance(message, dict):
             continue
-        role = message.get("role")
-        role = role if isinstance(role, str) else ""
         content = _content_text(message.get("content"))
-        if not content:
-            continue
-        if role in _SYSTEM_ROLES:
-            system = system or content  # the first system prompt sets the scene
-        elif role == "user":
-            user = content
-        last_any = content
+        if content:
+            last_any = last_any or content
+            if message.get("role") == "user":
+                user = content
+                break
+    system = ""
+    for message in messages:  # the first system prompt with text sets the scene
+        if isinstance(message, dict) and _is_system(message.get("role")):
+            system = _content_text(message.get("content"))
+            if system:
+                break
     # A conversation without a user turn (odd, but legal) is judged by its last message.
     text = user or (last_any if last_any != system else "")
     head = system[:SYSTEM_HEAD].strip()
     if head and text:
         return head + "\n" + text
     return head or text
+
+
+def _is_system(role: object) -> bool:
+    return isinstance(role, str) and role in _SYSTEM_ROLES  # (a role may be any JSON)
 
 
 def _content_text(content: Any) -> str:
@@ -81,7 +88,7 @@ def _content_text(content: Any) -> str:
     for part in content:
         if isinstance(part, str):
             parts.append(part)
-        elif isinstance(part, Mapping) and part.get("type") in ("text", "input_text"):
+        elif isinstance(part, dict) and part.get("type") in ("text", "input_text"):
             text = part.get("text")
             if isinstance(text, str):
                 parts.append(text)

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from classifier import (
     DEFAULT_SIMPLE,
@@ -25,7 +27,7 @@ from classifier import (
 from classifier.artifact import MODEL_DIR, read_artifact
 from classifier.dataset import TEAM_TRAIN, Example, read_examples
 from classifier.features import FeatureSettings, featurize
-from classifier.text import BUDGET, HEAD, SYSTEM_HEAD, clip
+from classifier.text import BUDGET, HEAD, SYSTEM_HEAD, _content_text, clip
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,6 +115,49 @@ def test_request_text_shapes(body: dict[str, Any], expected: str) -> None:
 @pytest.mark.parametrize("junk", [None, 3, "text", b"bytes", [], [{"role": "user"}], 1.5])
 def test_request_text_never_raises_on_junk(junk: Any) -> None:
     assert request_text(junk) == ""
+
+
+_PARTS = st.one_of(st.sampled_from(["", " x ", "part"]), st.none(), st.integers(),
+                   st.fixed_dictionaries({"type": st.sampled_from(["text", "input_text",
+                                                                   "image_url"]),
+                                          "text": st.sampled_from(["", " ", "a", "b c"])}))
+_TURNS = st.one_of(
+    st.fixed_dictionaries({
+        "role": st.sampled_from(["system", "developer", "user", "assistant", "tool", None, 5,
+                                  ["user"]]),
+        "content": st.one_of(st.sampled_from(["", "  ", "q", " sys ", "answer"]), st.none(),
+                             st.lists(_PARTS, max_size=4))}),
+    st.sampled_from([None, "turn", 3]))
+
+
+def _read_in_order(messages: list[Any]) -> str:
+    """request_text's rule, read turn by turn from the first: the first system prompt
+    with text, the last user turn with text (else the last turn with text)."""
+    system = user = last_any = ""
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = _content_text(message.get("content"))
+        if not content:
+            continue
+        role = message.get("role")
+        if role in ("system", "developer"):  # (by ==: a list as role is no system)
+            system = system or content
+        elif role == "user":
+            user = content
+        last_any = content
+    text = user or (last_any if last_any != system else "")
+    head = system[:SYSTEM_HEAD].strip()
+    return head + "\n" + text if head and text else head or text
+
+
+@given(st.lists(_TURNS, max_size=8))
+@settings(max_examples=400, deadline=None)
+def test_request_text_reads_only_the_turns_it_keeps_and_finds_the_same(
+        messages: list[Any]) -> None:
+    """It reads a conversation from both ends (the last user turn, the first system
+    prompt): the same text as reading every turn in order."""
+    assert request_text({"messages": messages}) == _read_in_order(messages)
 
 
 def test_request_text_keeps_only_the_system_head() -> None:

@@ -77,7 +77,8 @@ def needs_of(body: Mapping[str, Any], prompt_tokens: int, max_tokens: int | None
     if _nonempty(body.get("tools")) or _nonempty(body.get("functions")):
         wanted.add(Capability.TOOLS)
     fmt = body.get("response_format")
-    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":  # (parsed JSON: an
+        # isinstance of dict, not of the Mapping ABC, whose check costs ten times more)
         wanted.add(Capability.JSON_SCHEMA)
     messages = body.get("messages")
     if isinstance(messages, list):
@@ -96,17 +97,18 @@ def _nonempty(value: object) -> bool:
 
 def _message_needs(messages: Iterable[object]) -> set[Capability]:
     found: set[Capability] = set()
-    for message in messages:
-        if not isinstance(message, Mapping):
+    for message in messages:  # (plain loops: a conversation may hold hundreds of turns)
+        if not isinstance(message, dict):
             continue
         if (message.get("role") in _TOOL_ROLES or message.get("tool_calls")
                 or message.get("function_call")):
             found.add(Capability.TOOLS)  # a tool exchange only a tool-calling model reads
         content = message.get("content")
-        if isinstance(content, list) and any(
-                isinstance(part, Mapping) and part.get("type") in _IMAGE_PARTS
-                for part in content):
-            found.add(Capability.VISION)
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in _IMAGE_PARTS:
+                    found.add(Capability.VISION)
+                    break
     return found
 
 
