@@ -14,8 +14,6 @@ from itertools import product
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from policies.clock.slo import Verdict
 from policies.config import Config, Priority
@@ -24,6 +22,7 @@ from policies.scheduler.admission import RejectReason, RouteReason
 from policies.scheduler.pick import PickReason
 from router.common.record import Phase
 from router.request.auth import AUTH_FAILURES
+from router.telemetry.scraped import LedgerCollector, PoolCollector, ReplicaCollector
 from router.telemetry.served import MAX_KINDS, Families, Kind, Served, observe
 from router.telemetry.tallies import Labels, Spread, Tally
 from router.telemetry.zeros import STATUS_CLASSES, Labelled, Scope, rescope
@@ -56,10 +55,10 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         # The five names of the original design, kept exactly. Slots held, queue depth
-        # and capacity are read from the pools at scrape time (_PoolCollector), not set
+        # and capacity are read from the pools at scrape time (PoolCollector), not set
         # at every change: a gauge update per acquire and release is hot-path work.
         self._pools: dict[str, SlotPool] = {}
-        r.register(_PoolCollector(self._pools))
+        r.register(PoolCollector(self._pools))
         self.queue_wait = Histogram("llm_queue_wait_time_seconds", "Time spent in a queue",
                                     ["backend"], buckets=BUCKETS, registry=r)
         # What every request updates is tallied in plain Python (router/telemetry/tallies.py).
@@ -97,8 +96,8 @@ class Metrics:
                                    "check: no, wrong or duplicate key, or not an admin key",
                                    ["code"])
         # Each replica of a backend's group (`endpoint`: the replica's name, from the
-        # config). Its slots and health are read at scrape time (_ReplicaCollector).
-        r.register(_ReplicaCollector(self._pools))
+        # config). Its slots and health are read at scrape time (ReplicaCollector).
+        r.register(ReplicaCollector(self._pools))
         self.replica_requests = Tally("slotgate_replica_requests", "Requests a replica "
                                       "served", ["backend", "endpoint", "status"])
         self.replica_ttft = Spread("slotgate_replica_ttft_seconds", "Time to the first byte "
@@ -191,7 +190,7 @@ class Metrics:
     def watch_ledger(self, ledger: Ledger) -> None:
         Gauge("slotgate_ledger_pending_rows", "Ledger rows not yet written",
               registry=self.registry).set_function(lambda: ledger.pending)
-        self.registry.register(_LedgerCollector(ledger))
+        self.registry.register(LedgerCollector(ledger))
 
     def watch(self, pool: SlotPool) -> BackendSeries:
         """Export the pool's gauges (again after a reload changed it: a backend may have
@@ -343,64 +342,3 @@ class _OneTenant:
                 family.samples = ([s for s in family.samples if s.labels["tenant"] == tenant]
                                   if tenant is not None else [])
             yield family
-
-
-class _PoolCollector(Collector):
-    """Each pool's slots held, queue depth and capacity, as they are when scraped."""
-
-    def __init__(self, pools: dict[str, SlotPool]) -> None:
-        self.pools = pools
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = (
-            (GaugeMetricFamily("llm_active_slots_gauge", "Slots held now",
-                               labels=["backend"]), "active"),
-            (GaugeMetricFamily("llm_queue_depth_gauge", "Requests waiting now",
-                               labels=["backend"]), "queued"),
-            (GaugeMetricFamily("slotgate_slot_capacity", "Slots configured",
-                               labels=["backend"]), "capacity"),
-        )
-        for family, attribute in families:
-            for name, pool in self.pools.items():
-                family.add_metric([name], getattr(pool, attribute))
-            yield family
-
-
-class _ReplicaCollector(Collector):
-    """Each replica's slots held, slots and health, as they are when scraped (an unhealthy
-    replica's slots are outside its pool's capacity: 0)."""
-
-    def __init__(self, pools: dict[str, SlotPool]) -> None:
-        self.pools = pools
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["backend", "endpoint"]
-        active = GaugeMetricFamily("slotgate_replica_active_slots",
-                                   "Slots held now on the replica", labels=labels)
-        capacity = GaugeMetricFamily("slotgate_replica_slot_capacity", "The replica's slots "
-                                     "(0 while unhealthy)", labels=labels)
-        healthy = GaugeMetricFamily("slotgate_replica_healthy", "1 while the replica's slots "
-                                    "serve, 0 while it is out of its pool", labels=labels)
-        for name, pool in self.pools.items():
-            for seats in pool.seats():
-                active.add_metric([name, seats.name], seats.active)
-                capacity.add_metric([name, seats.name], seats.slots if seats.healthy else 0)
-                healthy.add_metric([name, seats.name], 1.0 if seats.healthy else 0.0)
-        yield from (active, capacity, healthy)
-
-
-class _LedgerCollector(Collector):
-    """The ledger writer's own counts, read at scrape time."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        rows = CounterMetricFamily("slotgate_ledger_rows", "Ledger rows by what became of them",
-                                   labels=["result"])
-        rows.add_metric(["written"], self.ledger.written)
-        rows.add_metric(["dropped"], self.ledger.dropped)
-        yield rows
-        yield CounterMetricFamily("slotgate_ledger_write_failures",
-                                  "Failed ledger batch writes (retried)",
-                                  value=self.ledger.failures)
