@@ -40,19 +40,22 @@ class RejectReason(enum.StrEnum):
     CONNECTIONS = "too_many_connections"  # the process's, or one address's, bound of sockets
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: made for every decision that reaches this
+# stage, and a frozen dataclass sets each field through object.__setattr__
+# (policies/scheduler/decision.py).
+@dataclass(slots=True)
 class Run:
     pool: str
     reason: RouteReason
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wait:
     pool: str
     reason: RouteReason
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reject:
     reason: RejectReason
     retry_in_s: float  # when a retry is worth it: the soonest forecast (the table clamps)

@@ -32,7 +32,10 @@ class OptionKind(enum.StrEnum):
     SHED = "shed"  # 429 now, with a Retry-After (a sheddable request only)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: made for every decision that reaches this
+# stage, and a frozen dataclass sets each field through object.__setattr__
+# (policies/scheduler/decision.py).
+@dataclass(slots=True)
 class Option:
     """One place the request could go, as forecast now."""
 
@@ -43,7 +46,7 @@ class Option:
     lack: Lack | None = None  # what the backend lacks to serve it (None: it serves it)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Choice:
     kind: OptionKind
     backend: str | None  # None when shed

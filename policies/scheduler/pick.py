@@ -51,7 +51,10 @@ class PickReason(enum.StrEnum):
     HOLD = "hold"  # it waits for the busy replica holding its prefix (sooner than a cold prefill)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: made for every decision that reaches this
+# stage, and a frozen dataclass sets each field through object.__setattr__
+# (policies/scheduler/decision.py).
+@dataclass(slots=True)
 class Replica:
     """One replica at the instant of the snapshot. `load_tokens`: prompt plus expected
     output tokens of the requests it runs. `penalty` in [0, 1]: the engine's KV-cache
@@ -69,7 +72,7 @@ class Replica:
         return self.healthy and self.active < self.slots
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pick:
     """The replica chosen and why; `cursor`: what to pass as the next round-robin cursor
     (the position after the chosen replica in the snapshot)."""
@@ -79,7 +82,7 @@ class Pick:
     cursor: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hold:
     """Wait for `replica`, which holds the request's prefix, for at most `patience_s`
     (then take any replica's next slot); its slot is expected in `eta_s`."""

@@ -41,7 +41,10 @@ class StayReason(enum.StrEnum):
     NEEDS = "needs"  # qualified, but no fallback serves it (`Stay.lack` says what it lacks)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though never changed once made: made for every decision that reaches this
+# stage, and a frozen dataclass sets each field through object.__setattr__
+# (policies/scheduler/decision.py).
+@dataclass(slots=True)
 class RequestFacts:
     intent: str
     p_simple: float
@@ -55,7 +58,7 @@ class RequestFacts:
         return Needs(self.capabilities, size(self.prompt_tokens, self.max_tokens), self.api)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Candidate:
     """A fallback pool as the policy sees it."""
 
@@ -69,13 +72,13 @@ class Candidate:
         return Ability(self.capabilities, self.context_window, self.apis)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Move:
     pool: str
     reason: str  # x-slotgate-route-reason, e.g. "fallback:simple:greeting:0.97"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stay:
     why: StayReason
     movable: tuple[str, ...] = ()  # fallbacks the request may still move to later
