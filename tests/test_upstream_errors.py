@@ -50,7 +50,8 @@ class CaptureBackend:
         return web.json_response(reply, headers={
             "Connection": "keep-alive, X-Backend-Hop", "X-Backend-Hop": "secret",
             "Keep-Alive": "timeout=5", "X-Backend-Info": "kept",
-            "X-Request-Id": "engine-own-id"})
+            "X-Request-Id": "engine-own-id", "X-Slotgate-Backend": "engine-says",
+            "X-SLOTGATE-EXPERIMENT": "engine-says"})
 
 
 async def test_headers_and_body_crossing_the_gateway(
@@ -86,6 +87,8 @@ async def test_headers_and_body_crossing_the_gateway(
         assert "X-Backend-Hop" not in returned and "Keep-Alive" not in returned
         assert returned["X-Backend-Info"] == "kept"
         assert returned.getall("x-request-id") == ["trace-42"]  # one: the gateway's
+        assert returned.getall("x-slotgate-backend") == ["big"]  # and none spoofed
+        assert "x-slotgate-experiment" not in returned
         await assert_idle(gw)
     finally:
         await runner.cleanup()

@@ -19,7 +19,7 @@ from urllib.parse import quote, quote_plus
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict, MultiMapping
+from multidict import MultiMapping
 
 from policies.config import BackendConfig
 from policies.headers import HOP_BY_HOP
@@ -44,6 +44,7 @@ from router.upstream.wire import Target
 _NOT_RETURNED = HOP_BY_HOP | {
     "content-length", "content-encoding", "content-type", "date", "server", "set-cookie",
     "www-authenticate", "proxy-authenticate",  # about the gateway's key, not the client's
+    "x-request-id",  # the gateway's own is on every answer
 }
 ERROR_BODY_LIMIT = 64 * 1024
 
@@ -119,11 +120,14 @@ class Attempt:
 def returned_headers(headers: MultiMapping[str], secret: str | None = None
                      ) -> dict[str, str]:
     """The backend's headers a client may see: no hop-by-hop ones, none about the
-    gateway's own credentials, and none that carry the backend key (an echoing engine)."""
+    gateway's own credentials, none that carry the backend key (an echoing engine), and
+    none of the names the gateway sets on an answer (`x-request-id`, `x-slotgate-*`), so
+    that its own can be added to the dict as they are, case aside."""
     listed = connection_listed(headers)
     drop = _NOT_RETURNED | listed if listed else _NOT_RETURNED
     return {k: v for k, v in headers.items()
-            if k.lower() not in drop and not (secret and secret in v)}
+            if (low := k.lower()) not in drop and not low.startswith("x-slotgate-")
+            and not (secret and secret in v)}
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -244,8 +248,8 @@ def _whole(attempt: Attempt, up: Response, raw: bytes) -> web.Response:
     usage_from_answer(answer, attempt.usage)
     if attempt.translation is not None:
         raw = attempt.translation.answer(answer)
-    # Case-insensitive: the gateway's x-request-id replaces an engine's own.
-    headers_out = CIMultiDict(returned_headers(up.headers, upstream.secret()))
+    # (none of the engine's names is one of the gateway's: one multidict, the Response's)
+    headers_out = returned_headers(up.headers, upstream.secret())
     headers_out.update(attempt.headers)
     headers_out["Content-Type"] = "application/json"
     return web.Response(body=raw, status=200, headers=headers_out)
