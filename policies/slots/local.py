@@ -32,6 +32,7 @@ from policies.slots.base import (
     Seats,
     Share,
 )
+from policies.slots.deadlines import Deadlines
 from policies.slots.fair import FairLine, FairShares, share_of
 from policies.slots.line import Line
 from policies.slots.local_pins import Lines, PinnedWaiters
@@ -96,6 +97,7 @@ class LocalSlotPool:
         # them all until the next change (or FORECAST_TTL_S, as the running leases age).
         self._forecasts: dict[int, float] = {}
         self._forecast_at = 0.0
+        self.deadlines = Deadlines()  # its waiters' (one timer for all)
 
     @property
     def queued(self) -> int:

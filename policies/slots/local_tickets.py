@@ -10,6 +10,7 @@ from typing import Protocol
 
 from policies.clock.forecast import Progress
 from policies.slots.base import Clock, QueueTimeout, Share
+from policies.slots.deadlines import Deadlines
 
 
 class Charges(Protocol):
@@ -41,6 +42,9 @@ class Owner(Protocol):
     def _leave(self, ticket: LocalTicket) -> None: ...
 
     def _release(self, lease: LocalLease) -> None: ...
+
+    @property
+    def deadlines(self) -> Deadlines: ...
 
 
 class LocalLease:
@@ -85,7 +89,7 @@ class LocalLease:
 
 class LocalTicket:
     __slots__ = ("_claimed", "_future", "_pool", "bypassed", "enqueued_at", "max_tokens",
-                 "pin", "rank", "seq", "share", "want")
+                 "pin", "rank", "seq", "share", "timed", "want")
 
     def __init__(self, pool: Owner, future: asyncio.Future[LocalLease],
                  rank: int, want: str | None = None, max_tokens: int | None = None,
@@ -105,22 +109,25 @@ class LocalTicket:
         # replica that holds its prefix sooner than a cold prefill elsewhere); the timer
         # that ends its patience (the pool's `_unpin`).
         self.pin: asyncio.TimerHandle | None = None
+        self.timed = False  # its deadline counts in the pool's `deadlines`
 
     @property
     def position(self) -> int:
         return self._pool._position(self)
 
     async def wait(self, timeout_s: float) -> LocalLease:
-        # The deadline resolves the ticket's own future (a timer, no timeout context per
-        # waiter): whichever comes first, a slot or the deadline, is the outcome.
-        timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+        # The deadline resolves the ticket's own future (the pool's one timer for all its
+        # waiters, no timeout context per waiter): whichever comes first, a slot or the
+        # deadline, is the outcome.
+        deadlines = self._pool.deadlines
+        deadlines.add(self, timeout_s)
         try:
             lease = await self._future
         except BaseException:
             self.withdraw_now()  # timed out, shed, or cancelled (the client is gone)
             raise
         finally:
-            timer.cancel()
+            deadlines.left(self)
         self._claimed = True
         return lease
 
