@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from router.common.record import Phase, RequestRecord
-from router.config import load_config
 from router.ledger.base import COLUMNS, Ledger, LedgerRow, RowFilter
 from router.ledger.open import open_store
 from router.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from router.ledger.sqlite import ROWS_PER_INSERT, SQLiteStore, statement_sizes
-from router.request.usage import ledger_row
 
 
 def row(i: int, **fields: object) -> LedgerRow:
@@ -381,24 +377,3 @@ async def test_batches_of_every_size_are_written_whole(tmp_path: Path) -> None:
         assert [r.id for r in got] == [f"row-{i}" for i in range(written)]
     finally:
         await store.close()
-
-
-def test_a_row_holds_each_field_of_its_record_in_its_own_column() -> None:
-    """`ledger_row` reads the record by position (two attrgetters): every column that a
-    record's field of the same name feeds holds that field, whatever the order."""
-    fields = [f.name for f in dataclasses.fields(RequestRecord)]
-    values: dict[str, object] = {name: f"v-{name}" for name in fields}
-    values.update(backend=None, disconnect=Phase.STREAMING, queue_wait_ms=1.5, total_ms=2.5,
-                  slot_ms=3.5, status=201, prompt_tokens=7, completion_tokens=9)
-    rec = RequestRecord(**values)  # type: ignore[arg-type]
-    row = ledger_row(rec, load_config(), None)
-    named = {"id": "row_id"}
-    for column, value in row._asdict().items():
-        source = named.get(column, column)
-        if column in ("cost", "counterfactual_cost"):
-            assert value == 0.0  # no backend: unpriced
-        elif column == "disconnect":
-            assert value == "streaming"
-        else:
-            assert value == values[source], column
-    assert set(COLUMNS) - {"cost", "counterfactual_cost"} <= {*values, "id"}
