@@ -23,7 +23,7 @@ from policies.scheduler.pick import PickReason
 from router.common.record import Phase
 from router.request.auth import AUTH_FAILURES
 from router.telemetry.scraped import LedgerCollector, PoolCollector, ReplicaCollector
-from router.telemetry.served import MAX_KINDS, Families, Kind, Served, observe
+from router.telemetry.served import MAX_KINDS, Families, Kind, Served
 from router.telemetry.tallies import Labels, Spread, Tally
 from router.telemetry.zeros import STATUS_CLASSES, Labelled, Scope, rescope
 
@@ -251,18 +251,19 @@ class Metrics:
             served.requests[0] += 1
             if served.replica_requests is not None:
                 served.replica_requests[0] += 1
-        if rec.ttft_ms is not None:  # (each of these histograms has the BUCKETS)
-            observe(served.ttft, BUCKETS, rec.ttft_ms / 1000)
+        if rec.ttft_ms is not None:
+            self.ttft.observe(served.ttft, rec.ttft_ms / 1000)
             if served.replica_ttft is not None:
-                observe(served.replica_ttft, BUCKETS, rec.ttft_ms / 1000)
+                self.replica_ttft.observe(served.replica_ttft, rec.ttft_ms / 1000)
         if rec.prompt_tokens is not None:
             completion = rec.completion_tokens or 0
             served.tokens_in[0] += rec.prompt_tokens
             served.tokens_out[0] += completion
-            if served.tenant_tokens is not None:  # its tenant's share: its tokens, and its
-                served.tenant_tokens[0] += rec.prompt_tokens + completion  # wait if it
+            if served.tenant_tokens is not None:  # its tenant's share: its tokens, and
+                served.tenant_tokens[0] += rec.prompt_tokens + completion
+        # its wait if it reached the line (got a slot, or waited and left)
         if served.tenant_wait is not None and (rec.slot_at is not None or rec.queue_wait_ms):
-            observe(served.tenant_wait, BUCKETS, rec.queue_wait_ms / 1000)  # reached the line
+            self.tenant_wait.observe(served.tenant_wait, rec.queue_wait_ms / 1000)
 
     def _unusual(self, rec: RequestRecord, backend: str, primary: str | None,
                  failed: FailureKind | None) -> None:

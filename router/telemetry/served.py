@@ -11,7 +11,6 @@ past `MAX_KINDS`.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 
 from router.telemetry.tallies import Spread, Tally
@@ -61,9 +60,3 @@ class Families:
             self.replica_ttft.series((backend, replica or "")) if on_replica else None,
             self.tenant_tokens.cell((backend, tenant or "")) if by_tenant else None,
             self.tenant_wait.series((backend, tenant or "")) if by_tenant else None)
-
-
-def observe(series: list[float], bounds: tuple[float, ...], value: float) -> None:
-    """`Spread.observe` for a series of buckets `bounds` (a function: no attribute read)."""
-    series[bisect_left(bounds, value)] += 1
-    series[-1] += value
