@@ -39,6 +39,7 @@ from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, 
 from router.upstream.failures import UpstreamFailure
 from router.upstream.forwarding import DEFAULT, Forwarding, connection_listed, forward_headers
 from router.upstream.response import Response
+from router.upstream.whole_answer import WholeAnswer
 from router.upstream.wire import Target
 
 _NOT_RETURNED = HOP_BY_HOP | {
@@ -237,7 +238,7 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             up.release() if done else up.close()
 
 
-def _whole(attempt: Attempt, up: Response, raw: bytes) -> web.Response:
+def _whole(attempt: Attempt, up: Response, raw: bytes) -> WholeAnswer:
     """A whole (non-streamed) answer, read: checked, its usage taken, translated, sent with
     the engine's headers that may be returned and the gateway's own."""
     attempt.first_byte_at = time.perf_counter()  # (its whole body, not streamed)
@@ -248,11 +249,11 @@ def _whole(attempt: Attempt, up: Response, raw: bytes) -> web.Response:
     usage_from_answer(answer, attempt.usage)
     if attempt.translation is not None:
         raw = attempt.translation.answer(answer)
-    # (none of the engine's names is one of the gateway's: one multidict, the Response's)
+    # (none of the engine's names is one of the gateway's: one multidict, the answer's)
     headers_out = returned_headers(up.headers, upstream.secret())
     headers_out.update(attempt.headers)
     headers_out["Content-Type"] = "application/json"
-    return web.Response(body=raw, status=200, headers=headers_out)
+    return WholeAnswer(raw, headers_out)
 
 
 def _failure(exc: Exception, name: str, cfg: BackendConfig, begun: bool) -> UpstreamFailure:
