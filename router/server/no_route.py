@@ -34,23 +34,23 @@ _SHOWN = 256  # characters of a method or path written to the log
 class Routes(web.UrlDispatcher):
     """The app's router: a request whose target matches no path (not even the catch-all
     route's, as `host:443` or `*`) goes to the catch-all route too. A method and path that
-    one plain resource serves are looked up in one dict (`_exact`, made when the router
+    one plain resource serves are looked up in one dict (`exact`, made when the router
     freezes at startup), as aiohttp's own walk would find them: its first candidate is
     the plain resource of the whole path, which has one route per method."""
 
     fallback: web.AbstractRoute | None = None
-    _exact: Mapping[tuple[str, str], web.AbstractRoute] = MappingProxyType({})
+    exact: Mapping[tuple[str, str], web.AbstractRoute] = MappingProxyType({})
 
     def freeze(self) -> None:
         super().freeze()
         resources = self.resources()
         if not any(isinstance(r, MatchedSubAppResource) for r in resources):  # (else first)
-            self._exact = {(route.method, resource.canonical): route
+            self.exact = {(route.method, resource.canonical): route
                            for resource in resources if isinstance(resource, PlainResource)
                            for route in resource}
 
     async def resolve(self, request: web.Request) -> UrlMappingMatchInfo:
-        route = self._exact.get((request.method, request.rel_url.path_safe))
+        route = self.exact.get((request.method, request.rel_url.path_safe))
         if route is not None:
             return UrlMappingMatchInfo({}, route)
         match = await super().resolve(request)

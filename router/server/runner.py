@@ -32,6 +32,7 @@ from router.common.record import new_id
 from router.gateway import GATEWAY
 from router.request.auth import AUTH_FAILURES
 from router.request.intake import check_content_encoding, check_content_type
+from router.server.app_handler import app_handler
 from router.server.connections import ConnectionGuard, fd_budget
 from router.server.no_route import log_unrouted
 
@@ -305,6 +306,7 @@ class GatewayRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # the same server; only its connections' class differs
+        server.request_handler = app_handler(self._app)  # (the app is frozen by now)
         guard = ConnectionGuard(self.server_config, fd_budget(self.engine_slots),
                                 asyncio.get_running_loop())
         server.guard = guard  # type: ignore[attr-defined]
