@@ -5,8 +5,10 @@ of their own, cProfile on the gateway's), on each path that matters, held under 
 Counted, not timed: deterministic on a busy machine. A change that raises a count past
 its budget fails here; one that must raise it lowers nothing else to pass, it raises the
 budget below and says why in its commit. The budgets are the counts measured when they
-were last set, plus about 2% (the counts move by under 1% from run to run: the queued
-path's hand-off and the line's timers).
+were last set, plus a margin for how they move from run to run: about 1% on the free
+path; up to 5% on the streamed and queued ones, whose reads follow the chunks' timing and
+whose forecast counts the departures the hold-time model expects from the holds it has
+learned (on the queued path 942-987 in five runs on one machine, 1,003 in one CI run).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # steps (the router's one-dict lookup, the metrics' kept series, the ledger row by
 # attrgetter; same day): free 519-522, streamed 978-981, queued 987-997. After its fifth
 # steps (a whole answer in one write, the server's short handler; same day): free 497,
-# streamed 973, queued 962.
-BUDGET = {"free": 515, "streamed": 1_000, "queued": 1_000}
+# streamed 973, queued 962; then, over nine runs on one machine and one in CI: free
+# 496-499, streamed 932-981, queued 911-1,003 (the budget of 1,000 failed that CI run).
+BUDGET = {"free": 515, "streamed": 1_020, "queued": 1_040}
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,8 @@ class RedisCoordinator:
             await self._connection()
         else:
             await self._calls.acquire()
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         try:
             async with self.stalls.deadline(self.call_timeout_s, self.cap_s):
                 result = await self.scripts[script](keys=keys, args=args)
@@ -99,6 +101,10 @@ class RedisCoordinator:
         finally:
             self._calls.release()
         self.breaker.success()
+        if task is not None and task.cancelling() > cancels:
+            # redis-py (8.x) may finish a command its caller was cancelled in and return
+            # its reply: the cancellation is still pending, and the caller must see it.
+            raise asyncio.CancelledError
         return result
 
     async def _connection(self) -> None:

@@ -61,6 +61,7 @@ class RedisLease:
         self.charged = 0  # its answer's tokens charged so far (a `fair` line's)
         self.final: int | None = None  # its answer's tokens, counted at its end
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._renewing = False  # a renewal call is in flight
         self._renewer = asyncio.create_task(self._renew(), name=f"renew-{lease_id}")
         pool.mine.add(self)
 
@@ -91,6 +92,11 @@ class RedisLease:
         if self.released:
             return
         self.released = True
+        if self._renewing:
+            # Redis must run that renewal before this release: run after it, a renewal
+            # grants the slot again (it restores leases lost in an outage), and nobody
+            # would release it before its TTL. It ends on its own once its call has.
+            await asyncio.wait([self._renewer], timeout=self._pool.coordinator.cap_s)
         self._renewer.cancel()
         self._pool.mine.discard(self)
         if not self._pool.fair:
@@ -102,13 +108,14 @@ class RedisLease:
     async def _renew(self) -> None:
         pool = self._pool
         every = period = pool.lease_ttl_s / 3
-        while True:
+        while not self.released:
             await asyncio.sleep(period)  # the renewal period itself
             args: list[str | int] = [self.id, pool.ttl_ms, pool.group.slots.get(self.replica, 0),
                                      pool.channel, self.replica]
             seen = self.produced() if pool.fair else 0
             if pool.fair:
                 args.append(max(0, seen - self.charged))
+            self._renewing = True
             try:
                 state = await pool.coordinator.call(pool.script["renew"], pool.keys, args)
             except CoordinationError:
@@ -116,8 +123,12 @@ class RedisLease:
                 # lease is back in Redis shortly after Redis is.
                 period = min(every, pool.recheck_s)
                 continue
+            finally:
+                self._renewing = False
+            self.charged = max(self.charged, seen)  # charged by that renewal
+            if self.released:
+                return
             period = every
-            self.charged = max(self.charged, seen)
             if state == 0:
                 log.warning("lease %s on %s was lost (expired and its slot taken)",
                             self.id, pool.name)

@@ -38,10 +38,12 @@ class PoolFactory:
     async def __call__(self, capacity: int, queue_limit: int, replicas: int = 1,
                        recheck_s: float = 1.0,
                        group: Mapping[str, int] | None = None,
-                       answers: AnswerModel | None = None) -> list[SlotPool]:
+                       answers: AnswerModel | None = None,
+                       lease_ttl_s: float = 15) -> list[SlotPool]:
         """`replicas` views of one pool (gateway processes); `group`: its engine replicas'
         slots (a group of one of `capacity` by default); `answers`: the backend's answer
-        model, which the forecasts read."""
+        model, which the forecasts read; `lease_ttl_s`: a shared lease's (renewed every
+        third of it)."""
         self._made += 1
         name = f"pool{self._made}"
         if self.redis_url is None:
@@ -57,7 +59,7 @@ class PoolFactory:
                 breaker=CircuitBreaker(3, 5.0, time.monotonic))
             self.coordinators.append(coordinator)
             pool = RedisSlotPool(name, capacity, queue_limit, HoldTimeModel(1.0),
-                                 coordinator, lease_ttl_s=15, recheck_s=recheck_s,
+                                 coordinator, lease_ttl_s=lease_ttl_s, recheck_s=recheck_s,
                                  replicas=group, answers=answers, queue_order=self.order)
             await self._start(coordinator, pool)
             self._check_bounds(pool)
