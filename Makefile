@@ -31,8 +31,11 @@ lint: $(STAMP)
 # The side-by-side suite (docs/BENCHMARKS.md): slotgate against LiteLLM, nginx and no proxy,
 # ~7-8 minutes; installs nginx and wrk with apt-get when missing, LiteLLM into its own venv.
 .PHONY: bench-quick bench-overhead
+# BEFORE=REV adds slotgate at that revision as one more target: `make bench BEFORE=6f40d4f`
+# shows the hot path's targets before (#31's start) and after, from one run.
+BEFORE ?=
 bench: $(STAMP)
-	$(BIN)/python bench/suite.py --apt
+	$(BIN)/python bench/suite.py --apt $(if $(BEFORE),--before $(BEFORE))
 
 bench-quick: $(STAMP)   # one short round, nothing rewritten
 	$(BIN)/python bench/suite.py --apt --quick --no-doc

@@ -245,14 +245,15 @@ class Fleet:
         return server
 
     def slotgate(self, name: str, config_yaml: str, port: int, key: str,
-                 workers: int = 1) -> Server:
+                 workers: int = 1, command: list[str] | None = None) -> Server:
+        """`command`: what runs `slotgate` (default: this environment's console script)."""
         config = self.dir / f"{name}.yaml"
         config.write_text(config_yaml)
         args = ["serve", "--config", str(config), "--log-level", "INFO"]
         if workers > 1:
             args += ["--workers", str(workers)]
-        server = self.start(name, [*slotgate_command(), *args], f"http://{HOST}:{port}",
-                            "/readyz", timeout_s=60.0)
+        server = self.start(name, [*(command or slotgate_command()), *args],
+                            f"http://{HOST}:{port}", "/readyz", timeout_s=60.0)
         server.chat_url = server.url + "/v1/chat/completions"
         server.auth = f"Bearer {key}"
         return server

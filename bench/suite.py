@@ -1,12 +1,13 @@
 """The side-by-side benchmark suite (`make bench`): slotgate against its peers, same run.
 
     .venv/bin/python bench/suite.py [--quick] [--rounds N] [--apt] [--no-litellm]
-                                    [--no-nginx] [--no-doc] [--json FILE]
+                                    [--no-nginx] [--no-doc] [--json FILE] [--before REV]
 
 Targets, all in front of one fast mock engine (bench/mock_backend.py, zero think time):
 direct (no proxy), slotgate (`slotgate serve`, production-like config: auth, access log,
 metrics, SQLite ledger, intent fallback on saturation; 1,024 slots), LiteLLM's proxy (one
-worker, no database, telemetry off) and nginx (keep-alive upstream, proxy_buffering off).
+worker, no database, telemetry off) and nginx (keep-alive upstream, proxy_buffering off);
+with `--before REV`, also slotgate at REV (suite_before.py).
 Rounds interleave the targets (the order rotates every round) phase by phase: latency at
 concurrency 1, wrk at 64, streams at 16. Then, for slotgate alone: a py-spy profile under
 the c=64 load, slot hand-off under saturation, memory per queued streaming request (10,000
@@ -45,11 +46,13 @@ import aiohttp
 import orjson
 
 # Run as a script, so this directory is on sys.path and the siblings import by name.
+from ab import REPO, checkout
 from peer_tools import TOOLS_VENV, Tools, prepare
 from peers import Fleet
 from suite_alone import classifier, profile, redis, saturation, tracing
+from suite_before import BEFORE, call_counts, start_before
 from suite_load import LoadError
-from suite_phases import FULL, LOAD_CPU, QUICK, WORK, Scale, Suite
+from suite_phases import FULL, LOAD_CPU, QUICK, SLOTGATE_KEY, WORK, Scale, Suite, Target
 from suite_report import describe_machine, finish
 
 Result = dict[str, Any]
@@ -58,7 +61,9 @@ Result = dict[str, Any]
 async def run(args: argparse.Namespace, tools: Tools, scale: Scale) -> Result:
     pinned = len(os.sched_getaffinity(0)) >= 2 and not args.no_pin
     result: Result = {"scale": asdict(scale), "pinned": pinned}
-    with Fleet() as fleet:
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(Fleet())
+        before = stack.enter_context(checkout(args.before)) if args.before else None
         suite = Suite(fleet, tools, scale, pinned)
         if pinned:
             os.sched_setaffinity(0, {LOAD_CPU})  # servers start there; place() moves them
@@ -72,6 +77,11 @@ async def run(args: argparse.Namespace, tools: Tools, scale: Scale) -> Result:
 
         began = time.perf_counter()
         suite.start_peers()
+        if before is not None:
+            assert suite.mock is not None
+            suite.targets.insert(2, Target(BEFORE, start_before(fleet, before, suite.mock,
+                                                               SLOTGATE_KEY)))
+            result["before"] = args.before
         result["targets"] = [t.name for t in suite.targets]
         result["rss_start_mib"] = {t.name: t.server.rss_mib() for t in suite.targets}
         mark("start", began)
@@ -86,7 +96,7 @@ async def run(args: argparse.Namespace, tools: Tools, scale: Scale) -> Result:
             result["profile"] = profile(suite)
             mark("profile", began)
             for t in list(suite.targets):  # the peers are done: free their memory and CPU
-                if t.name in ("litellm", "nginx"):
+                if t.name in ("litellm", "nginx", BEFORE):
                     fleet.retire(t.server)
             began = time.perf_counter()
             try:
@@ -104,6 +114,10 @@ async def run(args: argparse.Namespace, tools: Tools, scale: Scale) -> Result:
         suite.unpin()
         result["classifier"] = classifier(suite)
         mark("classifier", began)
+        if before is not None:
+            began = time.perf_counter()
+            result["calls"] = call_counts({BEFORE: before, "slotgate": REPO})
+            mark("calls", began)
         began = time.perf_counter()
         try:
             result["redis"] = await redis(suite)
@@ -126,6 +140,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     parser.add_argument("--no-doc", action="store_true",
                         help="do not rewrite docs/BENCHMARKS.md and docs/bench-peers.png")
+    parser.add_argument("--before", metavar="REV",
+                        help="also serve slotgate at REV (a git revision) in the rounds, "
+                             "and show the hot path's targets before and after")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="measure nothing: redo the report, doc and chart from the "

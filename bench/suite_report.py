@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from harness import REPO
 from peer_tools import LITELLM_VENV, Tools, version_of
+from suite_before import before_after_table
 from suite_figures import figures, target_checks
 from suite_tables import (
     machine_lines,
@@ -190,6 +191,7 @@ def markdown(result: Result, fig: Result, chart: bool) -> str:
         *slotgate_table(result), "",
         "### Tracing's cost", "",
         *tracing_lines(result), "",
+        *before_after_lines(result),
         "### The issue's targets", "",
         *table(["target", "limit", "measured (slotgate, median)", "met"],
                [[n, lim, val, "-" if ok is None else ("yes" if ok else "**no**")]
@@ -205,6 +207,22 @@ def markdown(result: Result, fig: Result, chart: bool) -> str:
         lines += ["### Skipped or failed this run", ""] + [f"- {n}" for n in notes] + [""]
     lines.append(END)
     return "\n".join(lines) + "\n"
+
+
+def before_after_lines(result: Result) -> list[str]:
+    """The hot path's targets with before and after side by side (`--before REV` only)."""
+    rev = result.get("before")
+    if not rev:
+        return []
+    return [
+        "### The hot path's targets (#31), before and after", "",
+        f"`slotgate-before` is slotgate at `{rev}` (this issue's start), served from a git "
+        "worktree by the same interpreter with the same config, a target of the same rounds "
+        "as the others. Each ratio is taken within a round against that round's aiohttp "
+        "pass-through, then the median (spread in brackets). Calls per request: "
+        "`bench/call_paths.py` on each tree (the embedded config, cProfile, deterministic "
+        "up to the paths' timing). Memory per queued request is measured for this tree only.",
+        "", *before_after_table(result, rev), ""]
 
 
 def tracing_lines(result: Result) -> list[str]:
@@ -292,6 +310,9 @@ def print_terminal(result: Result, fig: Result) -> None:
     t = result.get("tracing")
     show(tracing_table(tracing_summary(t["rounds"])) if t and t.get("rounds")
          else ["  not measured in this run"])
+    if result.get("before"):
+        print(f"\nthe hot path's targets, before ({result['before']}) and after:")
+        show(before_after_table(result, result["before"]))
     print("\ntargets:")
     for name, limit, value, ok in target_checks(result, fig):
         mark = "  -  " if ok is None else ("pass " if ok else "FAIL ")
