@@ -25,6 +25,8 @@ from router.apis.anthropic_endpoints import count_tokens, model_list
 from router.apis.dialect import OPENAI
 from router.apis.responses_socket import responses_socket
 from router.assembly import add_backend, health_check, replica_check, wire_routes
+from router.batch import files_api
+from router.batch.files import Files, files_dir
 from router.common.errors import ApiError
 from router.common.parsed import Endpoint
 from router.console import admin, pages
@@ -75,6 +77,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/openapi.json", _openapi)
     pages.setup(app)
     admin.setup(app)
+    files_api.setup(app)
     add_fallback(app)  # last: what no route above takes
     return app
 
@@ -127,6 +130,9 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             gw.ledger = open_ledger(gw.config.ledger)
             await gw.ledger.start()
             await seed_quotas(gw, gw.ledger)
+            gw.files = Files(gw.ledger.store, files_dir(gw.config.batch, gw.config.ledger.path),
+                             gw.config.batch)
+            await gw.files.open()
             gw.metrics.watch_ledger(gw.ledger)
         gw.stalls.start()  # from here on: startup's own work is no stall of serving
         gw.ready = True

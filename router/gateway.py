@@ -35,6 +35,7 @@ from router.upstream.replica_health import ReplicaHealth
 if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
     from policies.slots.limits import SharedQuotas
+    from router.batch.files import Files
     from router.common.record import RequestRecord
     from router.tracing.otel import Tracer
 
@@ -49,6 +50,7 @@ class Gateway:
     recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=RECENT_RECORDS))
     experiments: dict[str, Experiment] = field(default_factory=dict)  # by the route they split
     ledger: Ledger | None = None
+    files: Files | None = None  # the Files API's (with a ledger, at startup)
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     replica_health: ReplicaHealth = field(init=False)  # breakers of grouped backends' replicas

@@ -27,6 +27,7 @@ RUNTIME = {
     # Handlers find the Gateway under its app key (GATEWAY is typed by the Gateway itself).
     ("router.apis.anthropic_endpoints", "router.gateway"),
     ("router.apis.responses_socket", "router.gateway"),
+    ("router.batch.files_api", "router.gateway"),
     ("router.console.admin", "router.gateway"),
     ("router.console.pages", "router.gateway"),
     ("router.server.no_route", "router.gateway"),

@@ -35,6 +35,7 @@ from policies.config.base import (
     Priority,
     StrictModel,
 )
+from policies.config.batch import BatchConfig
 from policies.config.routes import (
     COMPLEX_INTENTS,
     SIMPLE_INTENTS,
@@ -71,6 +72,7 @@ __all__ = [
     "ArmFallbackConfig",
     "AuthConfig",
     "BackendConfig",
+    "BatchConfig",
     "BudgetConfig",
     "ClassObjective",
     "Config",
@@ -119,6 +121,7 @@ class Config(StrictModel):
     routes: dict[str, RouteConfig] = Field(min_length=1)
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")  # of every price
     ledger: LedgerConfig = LedgerConfig()
+    batch: BatchConfig = BatchConfig()  # the Files and Batches APIs (with a ledger)
     experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
     coordination: CoordinationConfig = CoordinationConfig()
     auth: AuthConfig = AuthConfig()

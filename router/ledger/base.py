@@ -106,6 +106,11 @@ class Store(Protocol):
         """Per key id: the tokens and cost of its requests since `since` (Unix seconds)."""
         ...
 
+    async def run(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
+        """One statement of the other tables in the ledger's database (the batch jobs'),
+        `?` for each argument, in a transaction of its own; the rows it returns."""
+        ...
+
     async def close(self) -> None: ...
 
 

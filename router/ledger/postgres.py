@@ -6,6 +6,7 @@ the schema steps run exactly once. Writes are idempotent on the row id.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +72,12 @@ class PostgresStore:
     async def spent(self, since: float) -> dict[str, tuple[int, float]]:
         records = await self._pool.fetch(SPENT.format(mark="$1"), since)
         return {r[0]: (int(r[1] or 0), float(r[2] or 0)) for r in records}
+
+    async def run(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
+        numbered = iter(range(1, len(args) + 1))
+        statement = re.sub(r"\?", lambda _: f"${next(numbered)}", sql)
+        records = await self._pool.fetch(statement, *args)
+        return [tuple(record.values()) for record in records]
 
     async def close(self) -> None:
         if self._pool is not None:

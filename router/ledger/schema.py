@@ -46,6 +46,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     # it costs a report a scan of that range, not every request its two inserts.
     (7, ("DROP INDEX IF EXISTS requests_experiment_ts",
          "DROP INDEX IF EXISTS requests_key_ts")),
+    # The batch jobs' input and output files (router/batch/files.py): who owns each, what
+    # it holds; the bytes are in the files directory, named by id.
+    (8, ("CREATE TABLE batch_files (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, "
+         "filename TEXT NOT NULL, purpose TEXT NOT NULL, bytes BIGINT NOT NULL, "
+         "lines INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL)",
+         "CREATE INDEX batch_files_tenant ON batch_files (tenant, created_at)")),
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

@@ -154,6 +154,14 @@ class SQLiteStore:
             return {key: (int(tokens or 0), float(cost or 0)) for key, tokens, cost in rows}
         return await self._call(spent)
 
+    async def run(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
+        def run() -> list[tuple[object, ...]]:
+            assert self._db is not None, "open() first"
+            with self._db:
+                self._db.execute("BEGIN")
+                return self._db.execute(sql, tuple(args)).fetchall()
+        return await self._call(run)
+
     async def close(self) -> None:
         if self._db is not None:
             db, self._db = self._db, None
