@@ -132,7 +132,6 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await seed_quotas(gw, gw.ledger)
             gw.files = Files(gw.ledger.store, files_dir(gw.config.batch, gw.config.ledger.path),
                              gw.config.batch)
-            await gw.files.open()
             gw.metrics.watch_ledger(gw.ledger)
         gw.stalls.start()  # from here on: startup's own work is no stall of serving
         gw.ready = True

@@ -51,6 +51,12 @@ def config(ledger: dict[str, Any], tmp_path: Path, **batch: Any) -> dict[str, An
     return raw
 
 
+def kept(tmp_path: Path) -> list[Path]:
+    """What the files folder holds (it is made at the first upload)."""
+    folder = tmp_path / "files"
+    return list(folder.iterdir()) if folder.exists() else []
+
+
 def client(sdk: SdkClients, gw: RunningGateway, who: str) -> openai.AsyncOpenAI:
     return sdk(gw, api_key=KEYS[who])
 
@@ -121,7 +127,7 @@ async def test_a_bad_input_file_is_refused_with_its_line(
     assert says in refused.value.body["message"]  # type: ignore[index]
     assert refused.value.body["code"] == "invalid_file"  # type: ignore[index]
     assert [f async for f in alice.files.list()] == []
-    assert list((tmp_path / "files").iterdir()) == []  # no bytes left behind
+    assert kept(tmp_path) == []  # no bytes left behind
 
 
 @pytest.mark.parametrize(("batch", "content", "status", "code"), [
@@ -138,7 +144,7 @@ async def test_the_bounds_hold(sdk: SdkClients, start: StartGateway, tmp_path: P
         await alice.files.create(file=("big.jsonl", content), purpose="batch")
     assert refused.value.status_code == status
     assert refused.value.body["code"] == code  # type: ignore[index]
-    assert list((tmp_path / "files").iterdir()) == []
+    assert kept(tmp_path) == []
 
 
 async def test_other_purposes_and_shapes_are_refused(
@@ -162,7 +168,7 @@ async def test_other_purposes_and_shapes_are_refused(
             assert_openai_error(await resp.json(), "invalid_request_error", "missing_file")
         async with http.get(gw.url + "/v1/files?limit=0", headers=headers) as resp:
             assert resp.status == 400
-    assert list((tmp_path / "files").iterdir()) == []
+    assert kept(tmp_path) == []
 
 
 async def test_without_a_ledger_the_files_api_says_so(sdk: SdkClients,

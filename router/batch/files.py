@@ -104,9 +104,6 @@ class Files:
         self.directory = directory
         self.config = config
 
-    async def open(self) -> None:
-        await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
-
     def path(self, record: FileRecord) -> Path:
         return self.directory / record.id
 
@@ -115,6 +112,8 @@ class Files:
         """Keep an upload: written to a temporary name while it arrives (at most
         `max_file_bytes`), checked, then renamed to its id and recorded."""
         file_id = "file-" + os.urandom(12).hex()
+        # made at the first upload: a gateway whose clients never batch leaves no folder
+        await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
         partial = self.directory / f".{file_id}.part"
         try:
             size = await self._write(partial, chunks)

@@ -133,8 +133,9 @@ class Seen:
                 self.add(f"ledger table {table}", "\n".join(repr(row) for row in rows))
         finally:
             db.close()
-        for path in folder.iterdir():
-            self.add(f"ledger file {path.name}", path.read_bytes().decode("latin-1"))
+        for path in folder.rglob("*"):  # the batch files' folder beside it too
+            if path.is_file():
+                self.add(f"ledger file {path.name}", path.read_bytes().decode("latin-1"))
         return count
 
 
