@@ -19,14 +19,17 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from policies.config import Config, CoordinationMode, Public, RedisDown
 from policies.limits.quotas import Quotas, period_bounds
+from policies.slots.base import SlotPool
 from router import dispatch
 from router.apis.anthropic import ANTHROPIC
 from router.apis.anthropic_endpoints import count_tokens, model_list
 from router.apis.dialect import OPENAI
 from router.apis.responses_socket import responses_socket
 from router.assembly import add_backend, health_check, replica_check, wire_routes
-from router.batch import files_api
+from router.batch import batches_api, files_api
 from router.batch.files import Files, files_dir
+from router.batch.jobs import Jobs
+from router.batch.runner import BatchRunner
 from router.common.errors import ApiError
 from router.common.parsed import Endpoint
 from router.console import admin, pages
@@ -78,6 +81,7 @@ def create_app(config: Config) -> web.Application:
     pages.setup(app)
     admin.setup(app)
     files_api.setup(app)
+    batches_api.setup(app)
     add_fallback(app)  # last: what no route above takes
     return app
 
@@ -132,6 +136,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await seed_quotas(gw, gw.ledger)
             gw.files = Files(gw.ledger.store, files_dir(gw.config.batch, gw.config.ledger.path),
                              gw.config.batch)
+            gw.jobs = Jobs(gw.ledger.store, gw.files, frozenset(gw.config.routes),
+                           gw.config.server)
             gw.metrics.watch_ledger(gw.ledger)
         gw.stalls.start()  # from here on: startup's own work is no stall of serving
         gw.ready = True
@@ -230,11 +236,29 @@ class RunningGateway:
         limit = self.gateway.config.server.shutdown_timeout_s
         log.info("draining: not ready; new and queued requests get 503; waiting up to %g s "
                  "for %d running", limit, self.gateway.running)
+        if self.gateway.batch_runner is not None:  # its running lines run again later
+            await self.gateway.batch_runner.close()
         left = await self.gateway.drain(limit)
         if left:
             log.warning("shutdown: %d requests still running after %g s are cut", left, limit)
             await self.gateway.cut()
         await self.runner.cleanup()
+
+
+async def start_batches(gw: Gateway, host: str, port: int) -> None:
+    """The batch runner, once the gateway listens: it sends each line to this process."""
+    if gw.jobs is None:
+        return
+    own = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    where = f"[{own}]" if ":" in own else own
+    def primary(model: str) -> SlotPool | None:
+        route = gw.config.routes.get(model)
+        backend = gw.backends.get(route.primary) if route is not None else None
+        return backend.pool if backend is not None else None
+
+    gw.batch_runner = BatchRunner(gw.jobs, f"http://{where}:{port}", gw.keyring.batch_secret,
+                                  primary, lambda: [b.pool for b in gw.backends.values()])
+    await gw.batch_runner.start()
 
 
 async def start_gateway(config: Config, host: str | None = None, port: int | None = None,
@@ -257,6 +281,7 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     await site.start()
     bound = runner.addresses[0][1]
     url = f"http://{host}:{bound}"
+    await start_batches(app[GATEWAY], host, bound)
     for name, backend in config.backends.items():
         where = "simulated" if backend.simulated is not None else str(backend.url)
         log.info("backend %s: %s, %d slots, queue %d (%g s), model %s", name, where,

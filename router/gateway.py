@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from policies.slots.coordinator import RedisCoordinator
     from policies.slots.limits import SharedQuotas
     from router.batch.files import Files
+    from router.batch.jobs import Jobs
+    from router.batch.runner import BatchRunner
     from router.common.record import RequestRecord
     from router.tracing.otel import Tracer
 
@@ -51,6 +53,8 @@ class Gateway:
     experiments: dict[str, Experiment] = field(default_factory=dict)  # by the route they split
     ledger: Ledger | None = None
     files: Files | None = None  # the Files API's (with a ledger, at startup)
+    jobs: Jobs | None = None  # the Batches API's (with a ledger, at startup)
+    batch_runner: BatchRunner | None = None  # runs the jobs' lines (once serving)
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     replica_health: ReplicaHealth = field(init=False)  # breakers of grouped backends' replicas

@@ -24,10 +24,11 @@ RUNTIME = {
     ("router.apis.anthropic", "router.openai_api"),
     ("router.apis.dialect", "router.openai_api"),
     ("router.apis.responses", "router.openai_api"),
+    ("router.batch.check", "router.openai_api"),  # a batch line, as the live endpoint checks
     # Handlers find the Gateway under its app key (GATEWAY is typed by the Gateway itself).
     ("router.apis.anthropic_endpoints", "router.gateway"),
     ("router.apis.responses_socket", "router.gateway"),
-    ("router.batch.files_api", "router.gateway"),
+    ("router.batch.endpoint", "router.gateway"),
     ("router.console.admin", "router.gateway"),
     ("router.console.pages", "router.gateway"),
     ("router.server.no_route", "router.gateway"),
@@ -46,6 +47,9 @@ RUNTIME = {
 # Steps of one request's exchange that dispatch calls with its Exchange or a Backend: the
 # types name their parameters and nothing more.
 TYPE_ONLY = {
+    # The Files and Batches handlers are given the Gateway by router.batch.endpoint.
+    ("router.batch.batches_api", "router.gateway"),
+    ("router.batch.files_api", "router.gateway"),
     ("router.request.objective", "router.backend"),
     ("router.request.options", "router.backend"),
     ("router.request.options", "router.exchange"),

@@ -21,7 +21,7 @@ from policies.config import BatchConfig
 from router.common.errors import ApiError
 from router.ledger.base import Store
 
-PURPOSES = frozenset({"batch"})  # what the gateway keeps files for
+PURPOSES = frozenset({"batch"})  # what a client may upload files for
 LIST_LIMIT = 10_000  # OpenAI's largest page of files
 _FIELDS = "id, tenant, filename, purpose, bytes, lines, created_at"
 
@@ -121,12 +121,23 @@ class Files:
             await asyncio.to_thread(partial.rename, self.directory / file_id)
         finally:
             await asyncio.to_thread(partial.unlink, missing_ok=True)
-        record = FileRecord(file_id, tenant, filename, purpose, size, lines, time.time())
+        return await self._record(FileRecord(file_id, tenant, filename, purpose, size, lines,
+                                             time.time()))
+
+    async def keep(self, tenant: str, filename: str, purpose: str, data: bytes,
+                   lines: int) -> FileRecord:
+        """A file the gateway made (a batch's output or errors)."""
+        file_id = "file-" + os.urandom(12).hex()
+        await asyncio.to_thread(_write_whole, self.directory, file_id, data)
+        return await self._record(FileRecord(file_id, tenant, filename, purpose, len(data),
+                                             lines, time.time()))
+
+    async def _record(self, record: FileRecord) -> FileRecord:
         try:
             await self.store.run(f"INSERT INTO batch_files ({_FIELDS}) VALUES "
                                  "(?, ?, ?, ?, ?, ?, ?)",
-                                 (record.id, tenant, filename, purpose, size, lines,
-                                  record.created_at))
+                                 (record.id, record.tenant, record.filename, record.purpose,
+                                  record.bytes, record.lines, record.created_at))
         except BaseException:
             await asyncio.to_thread(self.path(record).unlink, missing_ok=True)
             raise
@@ -180,6 +191,16 @@ class Files:
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(self.path(record).unlink)
         return record
+
+
+def _write_whole(directory: Path, file_id: str, data: bytes) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f".{file_id}.part"
+    try:
+        partial.write_bytes(data)
+        partial.rename(directory / file_id)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def files_dir(config: BatchConfig, ledger_path: str | None) -> Path:

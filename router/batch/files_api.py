@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import BodyPartReader, MultipartReader, web
 
-from router.apis.dialect import OPENAI
+from router.batch.endpoint import Handler, tenant_api, tenant_of
 from router.batch.files import LIST_LIMIT, PURPOSES, FileRecord, Files
 from router.common.errors import ApiError
-from router.gateway import GATEWAY, Gateway
+
+if TYPE_CHECKING:
+    from router.gateway import Gateway
+    from router.request.auth import Caller
 
 CHUNK = 256 * 1024  # read from the upload at a time
 FIELD_BYTES = 1024  # the most a form field other than the file may hold
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def setup(app: web.Application) -> None:
@@ -30,22 +33,12 @@ def setup(app: web.Application) -> None:
 
 def _api(handler: Callable[[web.Request, Files, str], Awaitable[web.StreamResponse]]
          ) -> Handler:
-    """The caller's key checked and its tenant found; an ApiError as OpenAI's shape."""
+    async def handle(request: web.Request, gw: Gateway, caller: Caller | None
+                     ) -> web.StreamResponse:
+        assert gw.files is not None  # (tenant_api answers 404 without)
+        return await handler(request, gw.files, tenant_of(caller))
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        gw: Gateway = request.app[GATEWAY]
-        if (refused := gw.guard(request, None)) is not None:
-            return refused
-        try:
-            if gw.files is None:
-                raise ApiError(404, "The Files API needs a ledger (ledger.path or "
-                               "ledger.url in the gateway's config).", code="files_disabled")
-            caller = gw.keyring.caller(request)
-            return await handler(request, gw.files, caller.tenant if caller else "")
-        except ApiError as err:
-            return OPENAI.error_response(err, gw.config.server.retry_after_min_s)
-
-    return handle
+    return tenant_api(handle)
 
 
 async def _upload(request: web.Request, files: Files, tenant: str) -> web.StreamResponse:

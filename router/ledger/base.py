@@ -111,6 +111,10 @@ class Store(Protocol):
         `?` for each argument, in a transaction of its own; the rows it returns."""
         ...
 
+    async def run_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        """One statement for each of `rows`, all in one transaction."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -74,12 +74,20 @@ class PostgresStore:
         return {r[0]: (int(r[1] or 0), float(r[2] or 0)) for r in records}
 
     async def run(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
-        numbered = iter(range(1, len(args) + 1))
-        statement = re.sub(r"\?", lambda _: f"${next(numbered)}", sql)
-        records = await self._pool.fetch(statement, *args)
+        records = await self._pool.fetch(_numbered(sql), *args)
         return [tuple(record.values()) for record in records]
+
+    async def run_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        async with self._pool.acquire() as db, db.transaction():
+            await db.executemany(_numbered(sql), rows)
 
     async def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+def _numbered(sql: str) -> str:
+    """`?` placeholders as PostgreSQL's `$1`, `$2`, ..."""
+    count = iter(range(1, sql.count("?") + 1))
+    return re.sub(r"\?", lambda _: f"${next(count)}", sql)

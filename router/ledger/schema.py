@@ -52,6 +52,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "filename TEXT NOT NULL, purpose TEXT NOT NULL, bytes BIGINT NOT NULL, "
          "lines INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL)",
          "CREATE INDEX batch_files_tenant ON batch_files (tenant, created_at)")),
+    # Batch jobs (router/batch/jobs.py) and their lines' states and answers.
+    (9, ("CREATE TABLE batches (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, key_id TEXT, "
+         "endpoint TEXT NOT NULL, model TEXT NOT NULL, input_file_id TEXT NOT NULL, "
+         "completion_window TEXT NOT NULL, status TEXT NOT NULL, "
+         "created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL, "
+         "in_progress_at DOUBLE PRECISION, finalizing_at DOUBLE PRECISION, "
+         "completed_at DOUBLE PRECISION, failed_at DOUBLE PRECISION, "
+         "expired_at DOUBLE PRECISION, cancelling_at DOUBLE PRECISION, "
+         "cancelled_at DOUBLE PRECISION, output_file_id TEXT, error_file_id TEXT, "
+         "total INTEGER NOT NULL, metadata TEXT)",
+         "CREATE INDEX batches_tenant ON batches (tenant, created_at)",
+         "CREATE INDEX batches_status ON batches (status)",
+         "CREATE TABLE batch_lines (batch_id TEXT NOT NULL, line INTEGER NOT NULL, "
+         "custom_id TEXT NOT NULL, body TEXT NOT NULL, state TEXT NOT NULL, "
+         "status_code INTEGER, answer TEXT, PRIMARY KEY (batch_id, line))",
+         "CREATE INDEX batch_lines_state ON batch_lines (batch_id, state)")),
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

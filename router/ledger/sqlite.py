@@ -162,6 +162,14 @@ class SQLiteStore:
                 return self._db.execute(sql, tuple(args)).fetchall()
         return await self._call(run)
 
+    async def run_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        def run_many() -> None:
+            assert self._db is not None, "open() first"
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany(sql, [tuple(row) for row in rows])
+        await self._call(run_many)
+
     async def close(self) -> None:
         if self._db is not None:
             db, self._db = self._db, None

@@ -1,0 +1,150 @@
+"""OpenAI's Batches API through the gateway with the official SDK: a job's lines run in
+the primary's free slots through the live request path, its output in the input's order;
+the input checked whole at creation; cancel; each tenant sees only its own jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from router.app import RunningGateway
+from tests.support import SdkClients, StartGateway, assert_idle, engine, gateway_config, sim_backend
+
+KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
+
+
+def line(custom_id: str, url: str = "/v1/chat/completions", **body: Any) -> bytes:
+    body = {"model": "chat", "messages": [{"role": "user", "content": f"hi {custom_id}"}],
+            "max_tokens": 4, **body}
+    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def jsonl(*lines: bytes) -> bytes:
+    return b"\n".join(lines) + b"\n"
+
+
+def config(tmp_path: Path, slots: int = 2) -> dict[str, Any]:
+    raw = gateway_config(sim_backend("m", slots=slots))
+    raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3"), "flush_interval_s": 0.05}
+    raw["auth"] = {"enabled": True, "keys": [
+        {"id": name, "tenant": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+        for name, key in KEYS.items()]}
+    return raw
+
+
+async def ended(client: openai.AsyncOpenAI, batch_id: str, within_s: float = 20) -> Any:
+    """The job once it has ended (the API offers no signal; a client polls it too)."""
+    async with asyncio.timeout(within_s):
+        while True:
+            job = await client.batches.retrieve(batch_id)
+            if job.status in ("completed", "failed", "expired", "cancelled"):
+                return job
+            await asyncio.sleep(0.02)
+
+
+async def submit(client: openai.AsyncOpenAI, content: bytes, **kwargs: Any) -> Any:
+    made = await client.files.create(file=("in.jsonl", content), purpose="batch")
+    return await client.batches.create(input_file_id=made.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h", **kwargs)
+
+
+async def test_a_batch_runs_and_its_output_keeps_the_input_order(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    gw = await start(config(tmp_path))
+    alice = sdk(gw, api_key=KEYS["alice"])
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(5))),
+                       metadata={"run": "nightly"})
+    assert (job.object, job.status, job.metadata) == ("batch", "in_progress",
+                                                      {"run": "nightly"})
+    done = await ended(alice, job.id)
+    assert done.status == "completed" and done.error_file_id is None
+    assert (done.request_counts.total, done.request_counts.completed,
+            done.request_counts.failed) == (5, 5, 0)
+    output = (await alice.files.content(done.output_file_id)).read().splitlines()
+    results = [orjson.loads(x) for x in output]
+    assert [r["custom_id"] for r in results] == [f"q{i}" for i in range(5)]
+    assert all(r["response"]["status_code"] == 200 and r["error"] is None
+               and r["response"]["body"]["object"] == "chat.completion" for r in results)
+    assert engine(gw).stats()["requests"] == 5
+    listed = [b.id async for b in alice.batches.list()]
+    assert listed == [job.id]
+    await assert_idle(gw)
+
+
+async def test_a_tenant_sees_only_its_own_batches(sdk: SdkClients, start: StartGateway,
+                                                  tmp_path: Path) -> None:
+    gw = await start(config(tmp_path))
+    alice, bob = sdk(gw, api_key=KEYS["alice"]), sdk(gw, api_key=KEYS["bob"])
+    job = await submit(alice, jsonl(line("a")))
+    for call in (bob.batches.retrieve(job.id), bob.batches.cancel(job.id)):
+        with pytest.raises(openai.NotFoundError):
+            await call
+    assert [b async for b in bob.batches.list()] == []
+    mine = await alice.files.create(file=("in.jsonl", jsonl(line("b"))), purpose="batch")
+    with pytest.raises(openai.NotFoundError):  # another tenant's input file
+        await bob.batches.create(input_file_id=mine.id, endpoint="/v1/chat/completions",
+                                 completion_window="24h")
+    await ended(alice, job.id)
+    await assert_idle(gw)
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (jsonl(line("a"), line("b", url="/v1/embeddings")), "Line 2 of the input file: its url"),
+    (jsonl(line("a"), line("b", model="other")), "Line 2 of the input file: its model"),
+    (jsonl(line("a", model="nope")), "the model 'nope' does not exist"),
+    (jsonl(line("a", stream=True)), "'stream' is not available"),
+    (jsonl(line("a", messages=[])), "Line 1 of the input file: "),
+])
+async def test_the_input_is_checked_whole_at_creation(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path, content: bytes,
+        says: str) -> None:
+    gw = await start(config(tmp_path))
+    alice = sdk(gw, api_key=KEYS["alice"])
+    with pytest.raises(openai.BadRequestError) as refused:
+        await submit(alice, content)
+    assert says in refused.value.body["message"]  # type: ignore[index]
+    assert refused.value.body["code"] == "invalid_batch_input"  # type: ignore[index]
+    assert [b async for b in alice.batches.list()] == []
+    assert engine(gw).stats()["requests"] == 0
+
+
+async def test_bad_requests_are_refused(sdk: SdkClients, start: StartGateway,
+                                        tmp_path: Path) -> None:
+    gw = await start(config(tmp_path))
+    alice = sdk(gw, api_key=KEYS["alice"])
+    made = await alice.files.create(file=("in.jsonl", jsonl(line("a"))), purpose="batch")
+    for kwargs, param in (({"endpoint": "/v1/images", "completion_window": "24h"},
+                           "endpoint"),
+                          ({"endpoint": "/v1/chat/completions", "completion_window": "1h"},
+                           "completion_window"),
+                          ({"endpoint": "/v1/chat/completions", "completion_window": "24h",
+                            "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await alice.batches.create(input_file_id=made.id, **kwargs)
+        assert refused.value.body["param"] == param  # type: ignore[index]
+
+
+async def test_a_cancelled_batch_runs_no_more_lines(sdk: SdkClients, start: StartGateway,
+                                                   tmp_path: Path) -> None:
+    gw: RunningGateway = await start(config(tmp_path, slots=1))
+    alice = sdk(gw, api_key=KEYS["alice"])
+    sim = engine(gw)
+    sim.hold()
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(4))))
+    await sim.wait_until(lambda e: e.active == 1)  # the first line runs
+    cancelling = await alice.batches.cancel(job.id)
+    assert cancelling.status == "cancelling"
+    sim.release()
+    done = await ended(alice, job.id)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 0)
+    assert sim.stats()["requests"] == 1  # the other three never ran
+    with pytest.raises(openai.ConflictError):
+        await alice.batches.cancel(job.id)
+    await assert_idle(gw)
