@@ -129,7 +129,7 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
         raise exchange.rejection(RejectReason.DRAINING, 0, None)
     if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
         rec.tenant, rec.key_id = caller.tenant, caller.key_id
-        exchange.weight = caller.weight
+        exchange.weight, exchange.batch = caller.weight, caller.batch
     exchange.priority = gw.keyring.priority(caller, request)
     rec.priority = exchange.priority._value_
     check_content_type(request)

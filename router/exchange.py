@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 class Exchange:
     """One request's state, from its head to its record."""
 
-    __slots__ = ("_needs", "_prompt", "big", "config", "dialect", "facts", "failed",
+    __slots__ = ("_needs", "_prompt", "batch", "big", "config", "dialect", "facts", "failed",
                  "failed_on", "gw", "hold", "parsed", "place", "priority", "quota", "rec",
                  "request", "response", "trace", "weight")
 
@@ -62,6 +62,7 @@ class Exchange:
         self.trace: RequestTrace | None = None  # its spans (tracing on)
         self.failed: FailureKind | None = None  # how its upstream exchange failed, if it did
         self.big = False  # its body was parsed off the loop (router.request.big_body)
+        self.batch = False  # a batch line: it gives its slot up to an interactive request
 
     @property
     def request_body(self) -> ParsedRequest:

@@ -21,6 +21,7 @@ from policies.scheduler.admission import RejectReason
 from policies.slots.stall import StallClock
 from router.apis.dialect import OPENAI, Dialect
 from router.backend import Backend
+from router.batch.preempt import RunningLines
 from router.common.errors import ApiError
 from router.ledger.base import Ledger
 from router.request.access_log import KeyRefusals, LogSampler
@@ -55,6 +56,7 @@ class Gateway:
     files: Files | None = None  # the Files API's (with a ledger, at startup)
     jobs: Jobs | None = None  # the Batches API's (with a ledger, at startup)
     batch_runner: BatchRunner | None = None  # runs the jobs' lines (once serving)
+    batch_lines: RunningLines = field(default_factory=RunningLines)  # holding slots
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     replica_health: ReplicaHealth = field(init=False)  # breakers of grouped backends' replicas

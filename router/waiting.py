@@ -65,13 +65,20 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
         lease = await pool.try_acquire(decision.prefer, ex.fair_share(backend))
         if lease is not None:
             objective.predict(rec, backend, 0.0, parsed.max_tokens)
+            if ex.batch:
+                ex.gw.batch_lines.hold(pool.name, ex.request.task)
             return lease
     ticket = await pool.enqueue(ex.priority, decision.want, parsed.max_tokens, ex.share(),
                                 hold_s)
     if ticket is None:
         return None
+    if not ex.batch:  # a batch line holding a slot here gives it up (router.batch.preempt)
+        ex.gw.batch_lines.preempt(pool.name)
     objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
-    return await wait(ex, pool, ticket, decision.movable)
+    lease = await wait(ex, pool, ticket, decision.movable)
+    if ex.batch:
+        ex.gw.batch_lines.hold(lease.pool, ex.request.task)
+    return lease
 
 
 async def wait(ex: Exchange, pool: SlotPool, ticket: Ticket, movable: str | None) -> Lease:

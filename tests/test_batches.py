@@ -30,7 +30,7 @@ def jsonl(*lines: bytes) -> bytes:
 
 
 def config(tmp_path: Path, slots: int = 2) -> dict[str, Any]:
-    raw = gateway_config(sim_backend("m", slots=slots))
+    raw = gateway_config(sim_backend("m", slots=slots, queue_limit=4))
     raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3"), "flush_interval_s": 0.05}
     raw["auth"] = {"enabled": True, "keys": [
         {"id": name, "tenant": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
@@ -147,4 +147,31 @@ async def test_a_cancelled_batch_runs_no_more_lines(sdk: SdkClients, start: Star
     assert sim.stats()["requests"] == 1  # the other three never ran
     with pytest.raises(openai.ConflictError):
         await alice.batches.cancel(job.id)
+    await assert_idle(gw)
+
+
+async def test_an_interactive_request_takes_a_batch_lines_slot(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    gw: RunningGateway = await start(config(tmp_path, slots=1))
+    alice = sdk(gw, api_key=KEYS["alice"])
+    sim = engine(gw)
+    sim.hold()
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(3))))
+    await sim.wait_until(lambda e: e.active == 1)  # the first line holds the only slot
+    asked = asyncio.create_task(alice.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "now"}], max_tokens=4))
+    # the line is cut (its engine request aborted) and the interactive request runs
+    await sim.wait_until(lambda e: e.stats()["aborted"] == 1 and e.active == 1)
+    assert gw.gateway.batch_lines.preempted == 1
+    sim.release()
+    answer = await asked
+    assert answer.choices[0].message.content
+    done = await ended(alice, job.id)
+    assert (done.status, done.request_counts.completed, done.request_counts.failed) == (
+        "completed", 3, 0)
+    output = (await alice.files.content(done.output_file_id)).read().splitlines()
+    assert [orjson.loads(x)["custom_id"] for x in output] == ["q0", "q1", "q2"]
+    # the three lines and the interactive request (the cut line's record, kept by its
+    # request id, is its second run's)
+    assert sim.stats()["completed"] == 4
     await assert_idle(gw)

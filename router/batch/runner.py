@@ -37,10 +37,14 @@ LINE_TIMEOUT_S = 3600.0  # one line, queue and answer (a backend's own bounds co
 class BatchRunner:
     def __init__(self, jobs: Jobs, url: str, secret: str,
                  primary: Callable[[str], SlotPool | None],
-                 pools: Callable[[], Iterable[SlotPool]]) -> None:
-        """`primary`: the pool of a model's route's primary; `pools`: every pool."""
+                 pools: Callable[[], Iterable[SlotPool]], holding: Callable[[str], int]
+                 ) -> None:
+        """`primary`: the pool of a model's route's primary; `pools`: every pool;
+        `holding`: how many batch lines hold a slot of a pool (router.batch.preempt)."""
         self.primary = primary
         self.pools = pools
+        self.holding = holding
+        self.sent: dict[str, set[asyncio.Task[None]]] = {}  # lines in flight, by pool
         self.jobs = jobs
         self.url = url
         self.secret = secret
@@ -127,11 +131,20 @@ class BatchRunner:
             task = asyncio.create_task(self._line(job, *claimed))
             running.add(task)
             task.add_done_callback(running.discard)
+            pool = self.primary(job.model)
+            if pool is not None:
+                sent = self.sent.setdefault(pool.name, set())
+                sent.add(task)
+                task.add_done_callback(sent.discard)
 
     def _room(self, job: Job) -> bool:
         """A free slot on the route's primary, and nobody waiting for one there."""
         pool = self.primary(job.model)
-        return pool is not None and pool.queued == 0 and pool.active < pool.capacity
+        if pool is None or pool.queued:
+            return False
+        # lines sent that hold no slot yet will take one: they count as taken
+        coming = len(self.sent.get(pool.name, ())) - self.holding(pool.name)
+        return pool.active + max(0, coming) < pool.capacity
 
     async def _claim(self, job: Job) -> tuple[int, str, str] | None:
         rows = await self.jobs.store.run(
@@ -154,11 +167,13 @@ class BatchRunner:
             async with self._session.post(self.url + job.endpoint, data=body.encode(),
                                           headers=headers) as resp:
                 status, answer = resp.status, await resp.read()
+        except aiohttp.ServerDisconnectedError:  # its slot went to an interactive request
+            status, answer = 503, b""
         except (aiohttp.ClientError, TimeoutError) as exc:
             status, answer = 502, orjson.dumps({"error": {
                 "message": f"The line could not be run: {type(exc).__name__}",
                 "type": "server_error", "param": None, "code": "batch_line_failed"}})
-        if status in (429, 503):  # no slot after all, or the gateway is draining: again
+        if status in (429, 503):  # preempted, no slot after all, or draining: again
             await self.jobs.store.run("UPDATE batch_lines SET state = 'waiting' WHERE "
                                       "batch_id = ? AND line = ?", (job.id, line))
         else:

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
@@ -31,6 +31,7 @@ class Caller:
     priority: Priority = Priority.STANDARD
     weight: float = 1.0  # its tenant's share of a `fair` line
     metrics: bool = False  # a scrape key: sees every tenant's series (as an admin key)
+    batch: bool = False  # a batch line the runner sends for this key (router/batch)
 
 
 # The codes of the key check's refusals, counted in slotgate_auth_failures_total by code
@@ -99,7 +100,7 @@ class Keyring:
         if found is None and hmac.compare_digest(digest, self._batch_digest):
             found = self._by_id.get(request.headers.get("x-slotgate-batch-key", ""))
             if found is not None:
-                return found  # a batch line, run for its job's key
+                return replace(found, batch=True)  # a batch line, run for its job's key
         if not presented or found is None or not hmac.compare_digest(found.digest, digest):
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         return found
