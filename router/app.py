@@ -29,6 +29,7 @@ from router.assembly import add_backend, health_check, replica_check, wire_route
 from router.batch import batches_api, files_api
 from router.batch.files import Files, files_dir
 from router.batch.jobs import Jobs
+from router.batch.metrics import BatchCollector
 from router.batch.runner import BatchRunner
 from router.common.errors import ApiError
 from router.common.parsed import Endpoint
@@ -260,6 +261,7 @@ async def start_batches(gw: Gateway, host: str, port: int) -> None:
                                   primary, lambda: [b.pool for b in gw.backends.values()],
                                   gw.batch_lines.count)
     await gw.batch_runner.start()
+    gw.metrics.registry.register(BatchCollector(gw.batch_runner, gw.batch_lines))
 
 
 async def start_gateway(config: Config, host: str | None = None, port: int | None = None,

@@ -66,7 +66,7 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
         if lease is not None:
             objective.predict(rec, backend, 0.0, parsed.max_tokens)
             if ex.batch:
-                ex.gw.batch_lines.hold(pool.name, ex.request.task)
+                ex.gw.batch_lines.hold(pool.name, ex.request.task, lease)
             return lease
     ticket = await pool.enqueue(ex.priority, decision.want, parsed.max_tokens, ex.share(),
                                 hold_s)
@@ -77,7 +77,7 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
     objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
     lease = await wait(ex, pool, ticket, decision.movable)
     if ex.batch:
-        ex.gw.batch_lines.hold(lease.pool, ex.request.task)
+        ex.gw.batch_lines.hold(lease.pool, ex.request.task, lease)
     return lease
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import orjson
 import pytest
+from prometheus_client import generate_latest
 
 from router.app import RunningGateway
 from tests.support import SdkClients, StartGateway, assert_idle, engine, gateway_config, sim_backend
@@ -174,4 +175,10 @@ async def test_an_interactive_request_takes_a_batch_lines_slot(
     # the three lines and the interactive request (the cut line's record, kept by its
     # request id, is its second run's)
     assert sim.stats()["completed"] == 4
+    scraped = generate_latest(gw.gateway.metrics.registry).decode()
+    for series in ('slotgate_batch_preemptions_total{backend="big"} 1.0',
+                   'slotgate_batch_lines_total{backend="big",outcome="done"} 3.0',
+                   'slotgate_batch_lines_total{backend="big",outcome="requeued"} 1.0',
+                   'slotgate_batch_lines_running{backend="big"} 0.0'):
+        assert series in scraped
     await assert_idle(gw)

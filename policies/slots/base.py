@@ -119,6 +119,8 @@ class Share:
 class Lease(Protocol):
     """One held slot, on one replica. `release` is idempotent and must run on every path."""
 
+    released: bool  # set by its first release
+
     @property
     def pool(self) -> str: ...
 

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,6 +46,7 @@ class BatchRunner:
         self.pools = pools
         self.holding = holding
         self.sent: dict[str, set[asyncio.Task[None]]] = {}  # lines in flight, by pool
+        self.outcomes: Counter[tuple[str, str]] = Counter()  # (pool, done|failed|requeued)
         self.jobs = jobs
         self.url = url
         self.secret = secret
@@ -173,10 +175,13 @@ class BatchRunner:
             status, answer = 502, orjson.dumps({"error": {
                 "message": f"The line could not be run: {type(exc).__name__}",
                 "type": "server_error", "param": None, "code": "batch_line_failed"}})
+        pool = self.primary(job.model)
         if status in (429, 503):  # preempted, no slot after all, or draining: again
             await self.jobs.store.run("UPDATE batch_lines SET state = 'waiting' WHERE "
                                       "batch_id = ? AND line = ?", (job.id, line))
+            self.outcomes[pool.name if pool else "", "requeued"] += 1
         else:
+            self.outcomes[pool.name if pool else "", "done" if status < 400 else "failed"] += 1
             result = {"id": "batch_req_" + os.urandom(12).hex(), "custom_id": custom_id,
                       "response": {"status_code": status, "request_id": request_id,
                                    "body": _json(answer)}, "error": None}
