@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from policies.config import RouteConfig
+from policies.config import FallbackWhen, Overflow, RouteConfig, RouteFallbackConfig
 from policies.scheduler import pipeline
 from policies.scheduler.admission import RejectReason
 from policies.scheduler.decision import Decision, Refuse
@@ -31,12 +31,16 @@ from router.upstream.client_stream import ClientGone
 from router.upstream.health import BackendOpened
 
 _ADMIT_ATTEMPTS = 3  # a snapshot can go stale only with a shared (Redis) pool
+_NEVER = RouteFallbackConfig(when=FallbackWhen.NEVER)
 
 
 async def admit(ex: Exchange, route: RouteConfig, able: Capable,
                 gone: Sequence[str] = ()) -> Lease:
     """A slot for the request on `route` (less the backends `gone`), where the scheduler
-    says: at once, or after a wait in a line."""
+    says: at once, or after a wait in a line. A batch line runs on the route's primary
+    only: the classifier never moves it, and no overflow does (its runner sends it again)."""
+    if ex.batch:
+        route = RouteConfig(primary=route.primary, fallback=_NEVER, overflow=Overflow.REJECT)
     for _ in range(_ADMIT_ATTEMPTS):
         view = Candidates(ex, able)
         lease = await carry_out(ex, pipeline.decide(view, view, route, gone))

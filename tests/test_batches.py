@@ -182,3 +182,22 @@ async def test_an_interactive_request_takes_a_batch_lines_slot(
                    'slotgate_batch_lines_running{backend="big"} 0.0'):
         assert series in scraped
     await assert_idle(gw)
+
+
+async def test_the_classifier_never_moves_a_batch_line(sdk: SdkClients, start: StartGateway,
+                                                       tmp_path: Path) -> None:
+    raw = config(tmp_path)
+    raw["backends"]["small"] = sim_backend("small", slots=2, queue_limit=4)
+    raw["routes"]["chat"] |= {"fallbacks": ["small"], "overflow": "fallback",
+                              "fallback": {"when": "always", "min_confidence": 0.0}}
+    gw = await start(raw)
+    alice = sdk(gw, api_key=KEYS["alice"])
+    asked = await alice.chat.completions.with_raw_response.create(
+        model="chat", messages=[{"role": "user", "content": "hi q0"}], max_tokens=4)
+    assert asked.headers["x-slotgate-backend"] == "small"  # the route steers this prompt
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(3))))
+    done = await ended(alice, job.id)
+    assert (done.status, done.request_counts.completed) == ("completed", 3)
+    assert engine(gw).stats()["completed"] == 3  # every line on the primary
+    assert engine(gw, "small").stats()["completed"] == 1  # the interactive request alone
+    await assert_idle(gw)
