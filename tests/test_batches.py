@@ -201,3 +201,25 @@ async def test_the_classifier_never_moves_a_batch_line(sdk: SdkClients, start: S
     assert engine(gw).stats()["completed"] == 3  # every line on the primary
     assert engine(gw, "small").stats()["completed"] == 1  # the interactive request alone
     await assert_idle(gw)
+
+
+async def test_a_batch_past_its_window_expires_with_what_it_finished(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    gw: RunningGateway = await start(config(tmp_path, slots=1))
+    alice = sdk(gw, api_key=KEYS["alice"])
+    sim = engine(gw)
+    sim.hold()
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(3))))
+    await sim.wait_until(lambda e: e.active == 1)  # the first line runs
+    jobs = gw.gateway.jobs
+    assert jobs is not None
+    await jobs.store.run("UPDATE batches SET expires_at = 0 WHERE id = ?", (job.id,))
+    jobs.changed.set()  # (its window passed: the look the runner takes every minute, now)
+    sim.release()
+    done = await ended(alice, job.id)
+    assert done.status == "expired" and done.expired_at is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (3, 1)
+    output = (await alice.files.content(done.output_file_id)).read().splitlines()
+    assert [orjson.loads(x)["custom_id"] for x in output] == ["q0"]
+    assert sim.stats()["requests"] == 1
+    await assert_idle(gw)

@@ -116,11 +116,10 @@ class BatchRunner:
     async def _advance(self, job: Job) -> None:
         running = self.running.setdefault(job.id, set())
         waiting = job.counts.get("waiting", 0)
-        if job.status == "in_progress" and time.time() >= job.expires_at:
-            await self._end_lines(job, "expired")
-            waiting = 0
-        if job.status == "cancelling":
-            await self._end_lines(job, "cancelled")
+        ending = _ending(job)
+        if ending is not None:  # its waiting lines end unrun; running ones finish
+            await self.jobs.store.run("UPDATE batch_lines SET state = ? WHERE batch_id = ? "
+                                      "AND state = 'waiting'", (ending, job.id))
             waiting = 0
         if not running and not waiting and not job.counts.get("running", 0):
             await self._finish(job)
@@ -191,14 +190,6 @@ class BatchRunner:
                                               orjson.dumps(result).decode(), job.id, line))
         self.wake.set()
 
-    async def _end_lines(self, job: Job, state: str) -> None:
-        """A cancelled or expired job's waiting lines end unrun; running ones finish."""
-        await self.jobs.store.run(f"UPDATE batch_lines SET state = '{state}' WHERE "
-                                  "batch_id = ? AND state = 'waiting'", (job.id,))
-        if state == "expired":
-            await self.jobs.store.run("UPDATE batches SET status = 'expired', expired_at = ? "
-                                      "WHERE id = ?", (time.time(), job.id))
-
     async def _finish(self, job: Job) -> None:
         """Write the output and error files, in the input's order, and close the job."""
         rows = await self.jobs.store.run("SELECT state, answer FROM batch_lines WHERE "
@@ -209,17 +200,22 @@ class BatchRunner:
         files = self.jobs.files
         out_id = await _keep(files, job, output, "output") if output else None
         err_id = await _keep(files, job, errors, "errors") if errors else None
-        final = {"in_progress": "completed", "cancelling": "cancelled"}.get(job.status,
-                                                                             job.status)
-        stamp = {"completed": "completed_at", "cancelled": "cancelled_at"}.get(final)
+        final = _ending(job) or "completed"
         now = time.time()
         await self.jobs.store.run(
             "UPDATE batches SET status = ?, output_file_id = ?, error_file_id = ?, "
-            f"finalizing_at = ?{f', {stamp} = ?' if stamp else ''} WHERE id = ?",
-            (final, out_id, err_id, now, *((now,) if stamp else ()), job.id))
+            f"finalizing_at = ?, {final}_at = ? WHERE id = ?",
+            (final, out_id, err_id, now, now, job.id))
         await self.jobs.store.run("UPDATE batch_lines SET answer = NULL, body = '' WHERE "
                                   "batch_id = ?", (job.id,))  # kept in the files now
         self.running.pop(job.id, None)
+
+
+def _ending(job: Job) -> str | None:
+    """How an open job ends early: cancelled (asked for), expired (past its window)."""
+    if job.status == "cancelling":
+        return "cancelled"
+    return "expired" if time.time() >= job.expires_at else None
 
 
 def _json(answer: bytes) -> Any:
