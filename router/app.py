@@ -258,7 +258,8 @@ async def start_batches(gw: Gateway, host: str, port: int) -> None:
         return backend.pool if backend is not None else None
 
     gw.batch_runner = BatchRunner(gw.jobs, f"http://{where}:{port}", gw.keyring.batch_secret,
-                                  primary, lambda: [b.pool for b in gw.backends.values()],
+                                  lambda: gw.config.batch, primary,
+                                  lambda: [b.pool for b in gw.backends.values()],
                                   gw.batch_lines.count)
     await gw.batch_runner.start()
     gw.metrics.registry.register(BatchCollector(gw.batch_runner, gw.batch_lines))

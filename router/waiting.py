@@ -38,7 +38,8 @@ async def admit(ex: Exchange, route: RouteConfig, able: Capable,
                 gone: Sequence[str] = ()) -> Lease:
     """A slot for the request on `route` (less the backends `gone`), where the scheduler
     says: at once, or after a wait in a line. A batch line runs on the route's primary
-    only: the classifier never moves it, and no overflow does (its runner sends it again)."""
+    only, in a free slot: the classifier never moves it, no overflow does, and it never
+    waits in an interactive line (refused, it waits again in its job's)."""
     if ex.batch:
         route = RouteConfig(primary=route.primary, fallback=_NEVER, overflow=Overflow.REJECT)
     for _ in range(_ADMIT_ATTEMPTS):
@@ -72,17 +73,15 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
             if ex.batch:
                 ex.gw.batch_lines.hold(pool.name, ex.request.task, lease)
             return lease
+    if ex.batch:
+        raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), pool.name)
     ticket = await pool.enqueue(ex.priority, decision.want, parsed.max_tokens, ex.share(),
                                 hold_s)
     if ticket is None:
         return None
-    if not ex.batch:  # a batch line holding a slot here gives it up (router.batch.preempt)
-        ex.gw.batch_lines.preempt(pool.name)
+    ex.gw.batch_lines.preempt(pool.name)  # a batch line holding a slot here gives it up
     objective.predict(rec, backend, ticket.eta_s(), parsed.max_tokens)
-    lease = await wait(ex, pool, ticket, decision.movable)
-    if ex.batch:
-        ex.gw.batch_lines.hold(lease.pool, ex.request.task, lease)
-    return lease
+    return await wait(ex, pool, ticket, decision.movable)
 
 
 async def wait(ex: Exchange, pool: SlotPool, ticket: Ticket, movable: str | None) -> Lease:

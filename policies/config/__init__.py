@@ -142,6 +142,8 @@ class Config(StrictModel):
                 *cross_check(self.backends.keys(), self.routes, apis),
                 *check_experiments(self.experiments, self.backends.keys(), self.routes, apis),
                 *self._group_problems(),
+                *[(("batch", "backend_max_share", name), f"no backend is named {name!r}")
+                  for name in self.batch.backend_max_share if name not in self.backends],
             ]
         ]
         if errors:

@@ -2,13 +2,16 @@
 database through its own endpoint (loopback HTTP, with a per-process secret that stands
 for the job's key), so a line is checked, routed, limited, metered and written to the
 ledger as a live request of that key is. A line starts only when its route's primary has a
-free slot and nobody waits for it, at the lowest class (`sheddable`); an interactive
-request that finds the slots taken by batch lines waits behind them (taking a slot back
-from a running line is the next step of #32).
+free slot, nobody waits for it and the backend's batch lines hold less than their
+`batch.max_share` of its slots. A line never waits in an interactive line: one that finds
+no free slot after all is refused and waits again in its job, and an interactive request
+that would wait where batch lines hold slots takes one back (`router.batch.preempt`).
 
-The answers are kept per line in the database; a job's output and error files are
-written when its last line ends. Lines a stopped gateway was running run again at its
-next start: nothing of theirs was written.
+Lines are claimed in the database (`router.batch.claims`), so several gateways drain one
+job and none runs a line another holds. The answers are kept per line; a job's output and
+error files are written when its last line ends. Lines a stopped gateway was running run
+again (at once after a clean stop, once their claims lapse after a kill): nothing of
+theirs was written.
 """
 
 from __future__ import annotations
@@ -25,23 +28,29 @@ from typing import Any
 import aiohttp
 import orjson
 
+from policies.config.batch import BatchConfig
 from policies.slots.base import SlotPool
+from router.batch.claims import Claims
 from router.batch.files import Files
 from router.batch.jobs import Job, Jobs
 
 log = logging.getLogger("slotgate.batch")
 SECRET_HEADER = "x-slotgate-batch-key"  # the job's key id, with the process's secret
-EXPIRY_CHECK_S = 60.0  # how often a job's window is checked with nothing else happening
 LINE_TIMEOUT_S = 3600.0  # one line, queue and answer (a backend's own bounds come first)
 
 
 class BatchRunner:
     def __init__(self, jobs: Jobs, url: str, secret: str,
-                 primary: Callable[[str], SlotPool | None],
+                 config: Callable[[], BatchConfig], primary: Callable[[str], SlotPool | None],
                  pools: Callable[[], Iterable[SlotPool]], holding: Callable[[str], int]
                  ) -> None:
         """`primary`: the pool of a model's route's primary; `pools`: every pool;
-        `holding`: how many batch lines hold a slot of a pool (router.batch.preempt)."""
+        `holding`: how many batch lines hold a slot of a pool (router.batch.preempt);
+        `config`: the `batch` section as it is now (a reload may change it)."""
+        self.config = config
+        self.claims = Claims(jobs.store, config().line_lease_s)
+        self.elsewhere: Counter[str] = Counter()  # by pool: lines other processes run
+        self.renewed_at = 0.0
         self.primary = primary
         self.pools = pools
         self.holding = holding
@@ -57,8 +66,6 @@ class BatchRunner:
         self._unwatch: list[Any] = []
 
     async def start(self) -> None:
-        await self.jobs.store.run("UPDATE batch_lines SET state = 'waiting' "
-                                  "WHERE state = 'running'")  # cut by a stop: again
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
             total=LINE_TIMEOUT_S))
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -82,6 +89,9 @@ class BatchRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for job_id in self.running:  # cut by the stop: they run again, here or elsewhere
+            with contextlib.suppress(Exception):  # (a database gone: their claims lapse)
+                await self.claims.give_back(job_id)
         if self._session is not None:
             await self._session.close()
 
@@ -97,8 +107,11 @@ class BatchRunner:
             self._watch(active)
             waits = [asyncio.ensure_future(self.jobs.changed.wait()),
                      asyncio.ensure_future(self.wake.wait())]
+            # Jobs of other gateways, windows ending and claims to renew, with nothing
+            # else happening
+            every_s = min(self.config().poll_s, self.claims.lease_s / 3)
             try:
-                await asyncio.wait(waits, timeout=EXPIRY_CHECK_S,
+                await asyncio.wait(waits, timeout=every_s,
                                    return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for wait in waits:
@@ -106,26 +119,40 @@ class BatchRunner:
 
     async def _turn(self) -> bool:
         """Advance every open job; whether any is open."""
+        await self._renew()
         rows = await self.jobs.store.run("SELECT id FROM batches WHERE status IN "
                                          "('in_progress', 'cancelling') ORDER BY created_at")
-        for (job_id,) in rows:
-            job = await self.jobs.get(None, str(job_id))
+        jobs = [await self.jobs.get(None, str(job_id)) for (job_id,) in rows]
+        self.elsewhere.clear()
+        for job in jobs:
+            pool = self.primary(job.model)
+            if pool is not None and job.counts.get("running", 0):
+                self.elsewhere[pool.name] += await self.claims.held_elsewhere(job.id)
+        for job in jobs:
             await self._advance(job)
         return bool(rows) or any(self.running.values())
+
+    async def _renew(self) -> None:
+        """Extend the claims of the lines this process runs, a third of a lease ahead."""
+        now = time.monotonic()
+        if now - self.renewed_at >= self.claims.lease_s / 3:
+            self.renewed_at = now
+            await self.claims.renew([job for job, lines in self.running.items() if lines])
 
     async def _advance(self, job: Job) -> None:
         running = self.running.setdefault(job.id, set())
         waiting = job.counts.get("waiting", 0)
         ending = _ending(job)
         if ending is not None:  # its waiting lines end unrun; running ones finish
-            await self.jobs.store.run("UPDATE batch_lines SET state = ? WHERE batch_id = ? "
-                                      "AND state = 'waiting'", (ending, job.id))
+            await self.claims.end_unrun(job.id, ending)
             waiting = 0
         if not running and not waiting and not job.counts.get("running", 0):
             await self._finish(job)
             return
-        while waiting and self._room(job):
-            claimed = await self._claim(job)
+        if ending is None:  # lines other processes run: their claims may lapse
+            waiting += job.counts.get("running", 0) - len(running)
+        while waiting > 0 and self._room(job):
+            claimed = await self.claims.claim(job.id)
             if claimed is None:
                 break
             waiting -= 1
@@ -139,24 +166,18 @@ class BatchRunner:
                 task.add_done_callback(sent.discard)
 
     def _room(self, job: Job) -> bool:
-        """A free slot on the route's primary, and nobody waiting for one there."""
+        """A free slot on the route's primary, nobody waiting for one there, and the
+        backend's batch lines (this process's and others') within their share."""
         pool = self.primary(job.model)
         if pool is None or pool.queued:
             return False
+        sent = len(self.sent.get(pool.name, ()))
+        if sent + self.elsewhere[pool.name] >= self.config().share_of(pool.name,
+                                                                     pool.capacity):
+            return False
         # lines sent that hold no slot yet will take one: they count as taken
-        coming = len(self.sent.get(pool.name, ())) - self.holding(pool.name)
+        coming = sent - self.holding(pool.name)
         return pool.active + max(0, coming) < pool.capacity
-
-    async def _claim(self, job: Job) -> tuple[int, str, str] | None:
-        rows = await self.jobs.store.run(
-            "SELECT line, custom_id, body FROM batch_lines WHERE batch_id = ? AND "
-            "state = 'waiting' ORDER BY line LIMIT 1", (job.id,))
-        if not rows:
-            return None
-        line, custom_id, body = rows[0]
-        await self.jobs.store.run("UPDATE batch_lines SET state = 'running' WHERE "
-                                  "batch_id = ? AND line = ?", (job.id, line))
-        return int(line), str(custom_id), str(body)  # type: ignore[call-overload]
 
     async def _line(self, job: Job, line: int, custom_id: str, body: str) -> None:
         assert self._session is not None
@@ -175,23 +196,28 @@ class BatchRunner:
                 "message": f"The line could not be run: {type(exc).__name__}",
                 "type": "server_error", "param": None, "code": "batch_line_failed"}})
         pool = self.primary(job.model)
+        name = pool.name if pool else ""
         if status in (429, 503):  # preempted, no slot after all, or draining: again
-            await self.jobs.store.run("UPDATE batch_lines SET state = 'waiting' WHERE "
-                                      "batch_id = ? AND line = ?", (job.id, line))
-            self.outcomes[pool.name if pool else "", "requeued"] += 1
+            await self.claims.give_back(job.id, line)
+            self.outcomes[name, "requeued"] += 1
         else:
-            self.outcomes[pool.name if pool else "", "done" if status < 400 else "failed"] += 1
             result = {"id": "batch_req_" + os.urandom(12).hex(), "custom_id": custom_id,
                       "response": {"status_code": status, "request_id": request_id,
                                    "body": _json(answer)}, "error": None}
-            await self.jobs.store.run(
-                "UPDATE batch_lines SET state = ?, status_code = ?, answer = ? WHERE "
-                "batch_id = ? AND line = ?", ("done" if status < 400 else "failed", status,
-                                              orjson.dumps(result).decode(), job.id, line))
+            state = "done" if status < 400 else "failed"
+            if await self.claims.settle(job.id, line, state, status,
+                                        orjson.dumps(result).decode()):
+                self.outcomes[name, state] += 1
+            else:  # its claim lapsed and another process took the line: its answer counts
+                self.outcomes[name, "superseded"] += 1
         self.wake.set()
 
     async def _finish(self, job: Job) -> None:
-        """Write the output and error files, in the input's order, and close the job."""
+        """Write the output and error files, in the input's order, and close the job
+        (unless another process is finishing it)."""
+        if not await self.claims.finishing(job.id):
+            self.running.pop(job.id, None)
+            return
         rows = await self.jobs.store.run("SELECT state, answer FROM batch_lines WHERE "
                                          "batch_id = ? AND answer IS NOT NULL ORDER BY line",
                                          (job.id,))

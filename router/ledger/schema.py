@@ -68,6 +68,11 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
          "custom_id TEXT NOT NULL, body TEXT NOT NULL, state TEXT NOT NULL, "
          "status_code INTEGER, answer TEXT, PRIMARY KEY (batch_id, line))",
          "CREATE INDEX batch_lines_state ON batch_lines (batch_id, state)")),
+    # Who runs a batch line, and until when its claim holds unless renewed: several
+    # gateways drain one job, and a killed one's lines are taken over once their claims
+    # lapse (router/batch/claims.py).
+    (10, ("ALTER TABLE batch_lines ADD COLUMN owner TEXT",
+          "ALTER TABLE batch_lines ADD COLUMN lease_until DOUBLE PRECISION")),
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "
