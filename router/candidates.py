@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from classifier.text import request_text
 from policies.config import RouteConfig, RouteFallbackConfig
@@ -39,9 +40,15 @@ class Candidates:
         return self.ex.gw.health.retry_in_s(list(chain))
 
     def pool(self, name: str) -> PoolSnapshot:
+        """`name`'s pool now; to an interactive request, the slots batch lines hold there
+        are free (one is given back as it takes a place: `router.waiting.carry_out`)."""
         snapshot = self._pools.get(name)
         if snapshot is None:
-            snapshot = self._pools[name] = self.ex.gw.backends[name].pool.snapshot()
+            snapshot = self.ex.gw.backends[name].pool.snapshot()
+            given = 0 if self.ex.batch else self.ex.gw.batch_lines.count(name)
+            if given:
+                snapshot = replace(snapshot, active=max(0, snapshot.active - given))
+            self._pools[name] = snapshot
         return snapshot
 
     def forecast(self, name: str, position: int) -> float:

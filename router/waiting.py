@@ -75,8 +75,9 @@ async def carry_out(ex: Exchange, decision: Decision) -> Lease | None:
             return lease
     if ex.batch:
         raise ex.rejection(RejectReason.QUEUE_FULL, ex.retry_after([pool]), pool.name)
+    given = ex.gw.batch_lines.count(pool.name)  # past a full line: their slots come to it
     ticket = await pool.enqueue(ex.priority, decision.want, parsed.max_tokens, ex.share(),
-                                hold_s)
+                                hold_s, given)
     if ticket is None:
         return None
     ex.gw.batch_lines.preempt(pool.name)  # a batch line holding a slot here gives it up

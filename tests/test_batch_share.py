@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -15,10 +16,10 @@ from policies.config import Config
 from policies.config.batch import BatchConfig
 from router.app import RunningGateway
 from router.batch.runner import SECRET_HEADER
-from tests.support import SdkClients, StartGateway, assert_idle, engine
+from tests.support import SdkClients, StartGateway, assert_idle, engine, sim_backend
 from tests.test_batches import KEYS, config, ended, jsonl, line, submit
 
-ASK = {"model": "chat", "messages": [{"role": "user", "content": "now"}], "max_tokens": 4}
+ASK: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "now"}], "max_tokens": 4}
 
 
 async def test_batch_lines_hold_at_most_their_share(sdk: SdkClients, start: StartGateway,
@@ -76,4 +77,49 @@ async def test_a_batch_line_never_waits_in_the_interactive_line(
     assert gw.gateway.backends["big"].pool.queued == 0
     sim.release()
     await asked
+    await assert_idle(gw)
+
+
+async def test_slots_batch_lines_hold_are_free_to_the_scheduler(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    """A route that sends simple prompts to a small model only when the primary is
+    saturated: batch lines holding every primary slot do not saturate it, so a simple
+    prompt takes one of their slots back instead of moving."""
+    raw = config(tmp_path, slots=1)
+    raw["backends"]["small"] = sim_backend("small", slots=2, queue_limit=4)
+    raw["routes"]["chat"] |= {"fallbacks": ["small"], "overflow": "fallback",
+                              "fallback": {"when": "saturated", "min_confidence": 0.0}}
+    gw: RunningGateway = await start(raw)
+    alice = sdk(gw, api_key=KEYS["alice"])
+    sim = engine(gw)
+    sim.hold()
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(2))))
+    await sim.wait_until(lambda e: e.active == 1)  # a line holds the only primary slot
+    asked = asyncio.create_task(alice.chat.completions.with_raw_response.create(**ASK))
+    await sim.wait_until(lambda e: e.stats()["aborted"] == 1 and e.active == 1)
+    sim.release()
+    answer = await asked
+    assert answer.headers["x-slotgate-backend"] == "big"
+    assert gw.gateway.batch_lines.preempted == 1
+    assert engine(gw, "small").stats()["requests"] == 0
+    assert (await ended(alice, job.id)).request_counts.completed == 2
+    await assert_idle(gw)
+
+
+async def test_a_backend_with_no_line_still_takes_a_batch_lines_slot_back(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    raw = config(tmp_path, slots=1)
+    raw["backends"]["big"]["queue_limit"] = 0  # no line: refused when no slot is free
+    gw: RunningGateway = await start(raw)
+    alice = sdk(gw, api_key=KEYS["alice"])
+    sim = engine(gw)
+    sim.hold()
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(2))))
+    await sim.wait_until(lambda e: e.active == 1)
+    asked = asyncio.create_task(alice.chat.completions.create(**ASK))
+    await sim.wait_until(lambda e: e.stats()["aborted"] == 1 and e.active == 1)
+    assert gw.gateway.backends["big"].pool.queued == 0  # it holds the slot given back
+    sim.release()
+    assert (await asked).choices[0].message.content
+    assert (await ended(alice, job.id)).request_counts.completed == 2
     await assert_idle(gw)

@@ -188,10 +188,13 @@ class SlotPool(Protocol):
     # `hold_s` > 0, a pool that `pins` takes it for that replica alone for that long.
     # `max_tokens`: its request's cap, for the forecast of the places behind it.
     # `share`: its tenant, for a `fair` line (None: a tenant of its own, weight 1).
+    # `beyond`: places past `queue_limit` it may take (a slot a batch line gives back is
+    # on its way to it: router.batch.preempt).
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
                       max_tokens: int | None = None,
-                      share: Share | None = None, hold_s: float = 0.0) -> Ticket | None: ...
+                      share: Share | None = None, hold_s: float = 0.0,
+                      beyond: int = 0) -> Ticket | None: ...
 
     # Expected seconds until a slot on `replica` would serve one more waiter pinned to it
     # (`enqueue(want=replica, hold_s=...)`), at that replica's own `rates` where given

@@ -183,11 +183,14 @@ class FailoverPool:
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
                       max_tokens: int | None = None,
-                      share: Share | None = None, hold_s: float = 0.0) -> Ticket | None:
+                      share: Share | None = None, hold_s: float = 0.0,
+                      beyond: int = 0) -> Ticket | None:
         try:
-            ticket = await self.shared.enqueue(priority, max_tokens=max_tokens, share=share)
+            ticket = await self.shared.enqueue(priority, max_tokens=max_tokens, share=share,
+                                               beyond=beyond)
         except CoordinationError:
-            return self._local().enqueue_nowait(priority, max_tokens=max_tokens, share=share)
+            return self._local().enqueue_nowait(priority, max_tokens=max_tokens, share=share,
+                                                beyond=beyond)
         return None if ticket is None else FailoverTicket(self, ticket, priority, share)
 
     async def local_ticket(self, priority: Priority, max_tokens: int | None = None,

@@ -236,18 +236,19 @@ class LocalSlotPool:
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
                       max_tokens: int | None = None,
-                      share: Share | None = None, hold_s: float = 0.0) -> LocalTicket | None:
-        return self.enqueue_nowait(priority, want, max_tokens, share, hold_s)
+                      share: Share | None = None, hold_s: float = 0.0,
+                      beyond: int = 0) -> LocalTicket | None:
+        return self.enqueue_nowait(priority, want, max_tokens, share, hold_s, beyond)
 
     def enqueue_nowait(self, priority: Priority = Priority.STANDARD,
                        want: str | None = None,
                        max_tokens: int | None = None,
                        share: Share | None = None,
-                       hold_s: float = 0.0) -> LocalTicket | None:
+                       hold_s: float = 0.0, beyond: int = 0) -> LocalTicket | None:
         """A place in line; with `hold_s` > 0 it takes a slot on `want` alone for that
         long (a grouped FIFO pool: `pins`), then any, keeping its place."""
         rank = priority.rank
-        if self.queued >= self.queue_limit:
+        if self.queued >= self.queue_limit + beyond:
             victims = self._lines[SHEDDABLE]
             if rank >= SHEDDABLE or not victims:
                 return None

@@ -180,9 +180,10 @@ class RedisSlotPool:
     async def enqueue(self, priority: Priority = Priority.STANDARD,
                       want: str | None = None,
                       max_tokens: int | None = None,
-                      share: Share | None = None, hold_s: float = 0.0) -> RedisTicket | None:
+                      share: Share | None = None, hold_s: float = 0.0,
+                      beyond: int = 0) -> RedisTicket | None:
         ticket_id = _new_id()
-        args: list[str | int | float] = [self.queue_limit, ticket_id, self.ttl_ms,
+        args: list[str | int | float] = [self.queue_limit + beyond, ticket_id, self.ttl_ms,
                                          self.channel, priority.rank]
         if self.fair:  # its tenant, weight, prompt and expected tokens
             share = share or Share(ticket_id)

@@ -33,8 +33,9 @@ class RunningLines:
         return list(self._by_pool)
 
     def count(self, pool: str) -> int:
-        """Batch lines holding a slot of `pool` now."""
-        return len(self._live(pool))
+        """Batch lines holding a slot of `pool` now, uncut: slots an interactive request
+        may have (the scheduler sees them as free to it: `router.candidates`)."""
+        return len(self._live(pool)) if pool in self._by_pool else 0
 
     def preempt(self, pool: str) -> bool:
         """Cancel the newest batch line holding a slot of `pool`; whether there was one."""
