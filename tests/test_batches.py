@@ -55,6 +55,17 @@ async def submit(client: openai.AsyncOpenAI, content: bytes, **kwargs: Any) -> A
                                        completion_window="24h", **kwargs)
 
 
+async def unrun(client: openai.AsyncOpenAI, error_file_id: str | None) -> list[tuple[str, str]]:
+    """(custom_id, error code) of each line of an error file, checked to be in OpenAI's
+    form for a request that never ran."""
+    assert error_file_id is not None
+    lines = [orjson.loads(x) for x in (await client.files.content(error_file_id)).read(
+        ).splitlines()]
+    assert all(x["id"].startswith("batch_req_") and x["response"] is None
+               and x["error"]["message"] for x in lines)
+    return [(x["custom_id"], x["error"]["code"]) for x in lines]
+
+
 async def test_a_batch_runs_and_its_output_keeps_the_input_order(
         sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
     gw = await start(config(tmp_path))
@@ -144,8 +155,11 @@ async def test_a_cancelled_batch_runs_no_more_lines(sdk: SdkClients, start: Star
     sim.release()
     done = await ended(alice, job.id)
     assert done.status == "cancelled" and done.cancelled_at is not None
-    assert (done.request_counts.completed, done.request_counts.failed) == (1, 0)
+    # the three that never ran are in the error file, in the input's order
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 3)
     assert sim.stats()["requests"] == 1  # the other three never ran
+    assert await unrun(alice, done.error_file_id) == [
+        (f"q{i}", "batch_cancelled") for i in (1, 2, 3)]
     with pytest.raises(openai.ConflictError):
         await alice.batches.cancel(job.id)
     await assert_idle(gw)
@@ -218,8 +232,11 @@ async def test_a_batch_past_its_window_expires_with_what_it_finished(
     sim.release()
     done = await ended(alice, job.id)
     assert done.status == "expired" and done.expired_at is not None
-    assert (done.request_counts.total, done.request_counts.completed) == (3, 1)
+    assert (done.request_counts.total, done.request_counts.completed,
+            done.request_counts.failed) == (3, 1, 2)
     output = (await alice.files.content(done.output_file_id)).read().splitlines()
     assert [orjson.loads(x)["custom_id"] for x in output] == ["q0"]
+    assert await unrun(alice, done.error_file_id) == [("q1", "batch_expired"),
+                                                      ("q2", "batch_expired")]
     assert sim.stats()["requests"] == 1
     await assert_idle(gw)

@@ -32,6 +32,9 @@ _FIELDS = ("id, tenant, key_id, endpoint, model, input_file_id, completion_windo
            "error_file_id, total, metadata")
 _MARKS = ", ".join("?" * (_FIELDS.count(",") + 1))
 ACTIVE = ("validating", "in_progress", "cancelling", "finalizing")
+ENDED = ("completed", "failed", "expired", "cancelled")
+MESSAGES = "/v1/messages"  # the endpoint of Anthropic's Message Batches
+UNRUN = ("cancelled", "expired")  # the states of lines that never ran: their job ended first
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,9 @@ class Job:
     counts: dict[str, int] = field(default_factory=dict)  # lines by state
 
     def as_openai(self) -> dict[str, Any]:
-        done, failed = self.counts.get("done", 0), self.counts.get("failed", 0)
+        done = self.counts.get("done", 0)
+        # lines that never ran are in the error file too: the counts add up to the total
+        failed = sum(self.counts.get(state, 0) for state in ("failed", *UNRUN))
         return {
             "id": self.id, "object": "batch", "endpoint": self.endpoint, "errors": None,
             "input_file_id": self.input_file_id, "completion_window": self.completion_window,

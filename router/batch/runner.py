@@ -33,6 +33,7 @@ from policies.slots.base import SlotPool
 from router.batch.claims import Claims
 from router.batch.files import Files
 from router.batch.jobs import Job, Jobs
+from router.batch.results import written
 
 log = logging.getLogger("slotgate.batch")
 SECRET_HEADER = "x-slotgate-batch-key"  # the job's key id, with the process's secret
@@ -213,19 +214,21 @@ class BatchRunner:
         self.wake.set()
 
     async def _finish(self, job: Job) -> None:
-        """Write the output and error files, in the input's order, and close the job
-        (unless another process is finishing it)."""
+        """Write the job's files (router.batch.results: every line, those that never ran
+        too, in the input's order) and close it, unless another process is finishing it. A
+        Message Batch's results file is kept as its output file."""
         if not await self.claims.finishing(job.id):
             self.running.pop(job.id, None)
             return
-        rows = await self.jobs.store.run("SELECT state, answer FROM batch_lines WHERE "
-                                         "batch_id = ? AND answer IS NOT NULL ORDER BY line",
-                                         (job.id,))
-        output = [str(answer) for state, answer in rows if state == "done"]
-        errors = [str(answer) for state, answer in rows if state == "failed"]
-        files = self.jobs.files
-        out_id = await _keep(files, job, output, "output") if output else None
-        err_id = await _keep(files, job, errors, "errors") if errors else None
+        rows = await self.jobs.store.run("SELECT custom_id, state, answer FROM batch_lines "
+                                         "WHERE batch_id = ? ORDER BY line", (job.id,))
+        kept: dict[str, str] = {}
+        for kind, lines in written(job.endpoint, [
+                (str(custom_id), str(state), None if answer is None else str(answer))
+                for custom_id, state, answer in rows]).items():
+            if lines:
+                kept[kind] = await _keep(self.jobs.files, job, lines, kind)
+        out_id, err_id = kept.get("output") or kept.get("results"), kept.get("errors")
         final = _ending(job) or "completed"
         now = time.time()
         await self.jobs.store.run(
