@@ -26,7 +26,7 @@ from router.apis.anthropic_endpoints import count_tokens, model_list
 from router.apis.dialect import OPENAI
 from router.apis.responses_socket import responses_socket
 from router.assembly import add_backend, health_check, replica_check, wire_routes
-from router.batch import batches_api, files_api
+from router.batch import batches_api, files_api, message_batches_api
 from router.batch.files import Files, files_dir
 from router.batch.jobs import Jobs
 from router.batch.metrics import BatchCollector
@@ -83,6 +83,7 @@ def create_app(config: Config) -> web.Application:
     admin.setup(app)
     files_api.setup(app)
     batches_api.setup(app)
+    message_batches_api.setup(app)
     add_fallback(app)  # last: what no route above takes
     return app
 

@@ -50,6 +50,7 @@ TYPE_ONLY = {
     # The Files and Batches handlers are given the Gateway by router.batch.endpoint.
     ("router.batch.batches_api", "router.gateway"),
     ("router.batch.files_api", "router.gateway"),
+    ("router.batch.message_batches_api", "router.gateway"),
     ("router.request.objective", "router.backend"),
     ("router.request.options", "router.backend"),
     ("router.request.options", "router.exchange"),

@@ -1,2 +1,3 @@
-"""Batch jobs: the Files API that holds their input and output, and (to come) the Batches
-APIs that run them in the slots interactive traffic leaves idle."""
+"""Batch jobs: the Files API that holds their input and output, and the Batches APIs
+(OpenAI's, and Anthropic's Message Batches) that run them in the slots interactive traffic
+leaves idle."""

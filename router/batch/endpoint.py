@@ -1,5 +1,6 @@
 """What every Files and Batches handler does first: the caller's key checked, the feature
-there (it needs a ledger), and an ApiError answered in OpenAI's shape."""
+there (it needs a ledger), and an ApiError answered in its API's shape (OpenAI's, or
+Anthropic's for the Message Batches)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from router.apis.dialect import OPENAI
+from router.apis.dialect import OPENAI, Dialect
 from router.common.errors import ApiError
 from router.gateway import GATEWAY, Gateway
 from router.request.auth import Caller
@@ -16,10 +17,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TenantHandler = Callable[[web.Request, Gateway, Caller | None], Awaitable[web.StreamResponse]]
 
 
-def tenant_api(handler: TenantHandler) -> Handler:
+def tenant_api(handler: TenantHandler, dialect: Dialect = OPENAI) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         gw: Gateway = request.app[GATEWAY]
-        if (refused := gw.guard(request, None)) is not None:
+        if (refused := gw.guard(request, None, dialect)) is not None:
             return refused
         try:
             if gw.files is None or gw.jobs is None:
@@ -28,7 +29,7 @@ def tenant_api(handler: TenantHandler) -> Handler:
                                code="files_disabled")
             return await handler(request, gw, gw.keyring.caller(request))
         except ApiError as err:
-            return OPENAI.error_response(err, gw.config.server.retry_after_min_s)
+            return dialect.error_response(err, gw.config.server.retry_after_min_s)
 
     return handle
 

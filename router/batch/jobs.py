@@ -5,7 +5,9 @@ nothing: what ran to its end is kept, what was running runs again. A tenant sees
 own jobs.
 
 Job states, as OpenAI names them: validating -> in_progress -> finalizing -> completed;
-in_progress -> cancelling -> cancelled; in_progress -> expired (past its window).
+in_progress -> cancelling -> cancelled; in_progress -> expired (past its window). Anthropic's
+Message Batches are jobs too (endpoint `/v1/messages`, ids `msgbatch_...`), shown in their
+own API's shape by `router.batch.message_batches_api`.
 """
 
 from __future__ import annotations
@@ -118,8 +120,14 @@ class Jobs:
         record = await self.files.get(tenant, file_id)
         model, lines = await asyncio.to_thread(checked_lines, self.files.path(record), url,
                                                self.routes, self.server)
+        return await self.add("batch_" + os.urandom(12).hex(), tenant, key_id, url, model,
+                              file_id, window, metadata, lines)
+
+    async def add(self, job_id: str, tenant: str, key_id: str | None, url: str, model: str,
+                  file_id: str, window: str, metadata: dict[str, str] | None,
+                  lines: list[tuple[int, str, bytes]]) -> Job:
+        """A job of checked lines ((number, custom_id, body)), in progress at once."""
         now = time.time()
-        job_id = "batch_" + os.urandom(12).hex()
         await self.store.run_many(
             "INSERT INTO batch_lines (batch_id, line, custom_id, body, state) "
             "VALUES (?, ?, ?, ?, 'waiting')",
@@ -148,18 +156,26 @@ class Jobs:
                                     "batch_id = ? GROUP BY state", (job_id,))
         return {str(state): int(n) for state, n in rows}  # type: ignore[call-overload]
 
-    async def page(self, tenant: str, after: str | None, limit: int) -> tuple[list[Job], bool]:
-        """Newest first, as OpenAI lists batches; `after`: a batch id."""
-        where, args = "tenant = ?", [tenant]
-        if after is not None:
-            mark = await self.get(tenant, after)
-            where += " AND (created_at, id) < (?, ?)"
+    async def page(self, tenant: str, after: str | None, limit: int, *,
+                   before: str | None = None, messages: bool = False
+                   ) -> tuple[list[Job], bool]:
+        """Newest first, as both APIs list batches, and whether more follow that way;
+        `after`: older than this batch id, `before`: newer (the page nearest it). OpenAI's
+        jobs, or Anthropic's Message Batches (`messages`)."""
+        where, args = "tenant = ? AND endpoint " + ("=" if messages else "<>") + " ?", [
+            tenant, MESSAGES]
+        newer = before is not None
+        mark_id = before if newer else after
+        if mark_id is not None:
+            mark = await self.get(tenant, mark_id)
+            where += " AND (created_at, id) " + (">" if newer else "<") + " (?, ?)"
             args += [mark.created_at, mark.id]  # type: ignore[list-item]
-        rows = await self.store.run(f"SELECT {_FIELDS} FROM batches WHERE {where} "
-                                    f"ORDER BY created_at DESC, id DESC LIMIT {limit + 1}",
+        order = "ASC" if newer else "DESC"
+        rows = await self.store.run(f"SELECT {_FIELDS} FROM batches WHERE {where} ORDER BY "
+                                    f"created_at {order}, id {order} LIMIT {int(limit) + 1}",
                                     args)
         jobs = [_job(row, await self.counts(str(row[0]))) for row in rows[:limit]]
-        return jobs, len(rows) > limit
+        return (jobs[::-1] if newer else jobs), len(rows) > limit
 
     async def cancel(self, tenant: str, job_id: str) -> Job:
         job = await self.get(tenant, job_id)
@@ -171,3 +187,14 @@ class Jobs:
                              (time.time(), job_id))
         self.changed.set()
         return await self.get(tenant, job_id)
+
+    async def delete(self, tenant: str, job_id: str) -> Job:
+        """An ended job and its lines (its files are the caller's to remove)."""
+        job = await self.get(tenant, job_id)
+        if job.status not in ENDED:
+            raise ApiError(409, f"A batch that is {job.status} cannot be deleted; cancel it "
+                           "first.", code="batch_not_deletable")
+        await self.store.run("DELETE FROM batch_lines WHERE batch_id = ?", (job_id,))
+        await self.store.run("DELETE FROM batches WHERE id = ? AND tenant = ?",
+                             (job_id, tenant))
+        return job
