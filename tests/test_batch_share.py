@@ -19,7 +19,8 @@ from router.batch.runner import SECRET_HEADER
 from tests.support import SdkClients, StartGateway, assert_idle, engine, sim_backend
 from tests.test_batches import KEYS, config, ended, jsonl, line, submit
 
-ASK: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "now"}], "max_tokens": 4}
+ASK: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "now"}],
+                       "max_tokens": 4}
 
 
 async def test_batch_lines_hold_at_most_their_share(sdk: SdkClients, start: StartGateway,
