@@ -206,10 +206,17 @@ def test_yaml_syntax_error_has_line(text: str, line: int, words: str) -> None:
             6,
             "unknown key",
         ),
+        (
+            "backends:\n  a:\n    simulated: {}\n    model: m\n    slots: 1\n"
+            "    price: {gpu_hour: 2, gpus: 1, batch_discount: 1.5}\nroutes: {a: {primary: a}}\n",
+            "backends.a.price.batch_discount",
+            6,
+            "less than or equal to 1",
+        ),
     ],
     ids=["empty", "list-root", "missing-section", "bad-url", "url-credentials",
          "nested-unknown-key", "not-a-list", "unknown-capability", "rates-zero-speed",
-         "rates-unknown-key"],
+         "rates-unknown-key", "batch-discount-over-one"],
 )
 def test_single_problem(text: str, path: str, line: int | None, words: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -27,6 +27,22 @@ def test_gpu_time_cost() -> None:
 
 def test_no_price_is_free() -> None:
     assert request_cost(None, 3, 1_000, 1_000, 10.0) == 0.0
+    assert request_cost(None, 3, 1_000, 1_000, 10.0, batch=True) == 0.0
+
+
+@pytest.mark.parametrize(("fields", "full"), [
+    ({"input_per_mtok": 3.0, "output_per_mtok": 15.0}, 0.0135),  # the tokens'
+    ({"gpu_hour": 2.4, "gpus": 4}, 4.5 * 9.6 / 3600 / 3),  # the slot time's
+])
+@pytest.mark.parametrize("discount", [None, 0.0, 0.2, 1.0])
+def test_a_batch_line_pays_the_price_less_its_discount(
+        fields: dict[str, float], full: float, discount: float | None) -> None:
+    price = PriceConfig(**fields) if discount is None else PriceConfig(
+        **fields, batch_discount=discount)
+    assert request_cost(price, 3, 2_000, 500, slot_s=4.5) == pytest.approx(full)
+    off = 0.5 if discount is None else discount  # half by default, as OpenAI charges
+    assert request_cost(price, 3, 2_000, 500, slot_s=4.5, batch=True) == pytest.approx(
+        full * (1 - off))
 
 
 @pytest.mark.parametrize("fields", [
@@ -35,6 +51,9 @@ def test_no_price_is_free() -> None:
     {"input_per_mtok": 1.0, "output_per_mtok": 2.0, "gpu_hour": 2.0, "gpus": 1},  # both
     {},  # nothing
     {"gpu_hour": -1.0, "gpus": 1},
+    {"gpu_hour": 1.0, "gpus": 1, "batch_discount": 1.5},  # more than the whole price off
+    {"gpu_hour": 1.0, "gpus": 1, "batch_discount": -0.1},
+    {"batch_discount": 0.5},  # a discount of no price
 ])
 def test_invalid_prices_are_refused(fields: dict[str, float]) -> None:
     with pytest.raises(ValidationError):

@@ -63,13 +63,15 @@ NonNegativeMoney = Annotated[float, Field(ge=0, le=1_000_000)]
 class PriceConfig(StrictModel):
     """Per token (hosted APIs) or per GPU time (self-hosted engines), in `Config.currency`.
 
-    GPU time becomes a slot-second price: gpu_hour x gpus / 3600 / slots.
+    GPU time becomes a slot-second price: gpu_hour x gpus / 3600 / slots. A batch line
+    (router/batch) pays `batch_discount` less, of either kind.
     """
 
     input_per_mtok: NonNegativeMoney | None = None
     output_per_mtok: NonNegativeMoney | None = None
     gpu_hour: NonNegativeMoney | None = None
     gpus: float | None = Field(default=None, gt=0, le=100_000)
+    batch_discount: float = Field(default=0.5, ge=0, le=1)  # OpenAI's and Anthropic's half
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
