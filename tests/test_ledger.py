@@ -87,7 +87,7 @@ async def test_schema_is_created_once_and_reopened(ledger_target: str) -> None:
         with sqlite3.connect(ledger_target) as db:
             versions = [v for (v,) in db.execute("SELECT version FROM schema_migrations")]
             mode = db.execute("PRAGMA journal_mode").fetchone()[0]
-        assert versions == list(range(1, SCHEMA_VERSION + 1)) and mode == "wal"
+        assert versions == [v for v, _ in MIGRATIONS] and mode == "wal"
 
 
 async def test_a_first_version_ledger_is_migrated_with_its_rows(tmp_path: Path) -> None:
@@ -160,7 +160,7 @@ async def test_a_ledger_without_replicas_is_migrated_in_place(ledger_target: str
         assert [(r.id, r.key_id, r.replica) for r in got] == [
             ("row-1", "team-a", None), ("row-2", None, "big-1"), ("row-3", None, "small")]
         # The old row unchanged otherwise (its usage never checked: None, not False).
-        assert got[0] == row(1, key_id="team-a", usage_rejected=None)
+        assert got[0] == row(1, key_id="team-a", usage_rejected=None, batch=None)
         assert got[1].usage_rejected is False
     finally:
         await store.close()
@@ -185,7 +185,7 @@ async def test_a_ledger_without_objectives_is_migrated_in_place(ledger_target: s
         got = await store.fetch(RowFilter())
         assert [(r.id, r.priority, r.slo_ttft_ms, r.predicted_ttft_ms) for r in got] == [
             ("row-1", None, None, None), ("row-2", "critical", 2000.0, 412.5)]
-        assert got[0] == row(1, replica="big-0", usage_rejected=None) and got[1] == kept
+        assert got[0] == row(1, replica="big-0", usage_rejected=None, batch=None) and got[1] == kept
     finally:
         await store.close()
     reopened = open_store(ledger_target)  # a restart finds every step done
@@ -270,7 +270,7 @@ async def test_a_ledger_without_apis_is_migrated_in_place(ledger_target: str,
         assert [(r.id, r.api) for r in got] == [("row-1", migrated.get(path)),
                                                 ("row-2", "embeddings")]
         assert got[0] == row(1, endpoint=path, priority="standard", api=migrated.get(path),
-                             usage_rejected=None)
+                             usage_rejected=None, batch=None)
         assert got[1] == kept
     finally:
         await store.close()
@@ -281,6 +281,24 @@ async def test_a_ledger_without_apis_is_migrated_in_place(ledger_target: str,
     finally:
         await reopened.close()
     assert SCHEMA_VERSION >= 5
+
+
+async def test_a_ledger_without_batch_marks_is_migrated_in_place(ledger_target: str) -> None:
+    """Step 11 on a ledger of the steps before it: rows written before it read back with
+    batch None (not known); new rows keep the mark, set or not."""
+    await _make_old_ledger(ledger_target, row(1, api="chat", usage_rejected=True),
+                           version=10, first_new="batch")
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        await store.write([row(2, batch=True, priority="sheddable"), row(3)])
+        got = await store.fetch(RowFilter())
+        assert [(r.id, r.batch) for r in got] == [("row-1", None), ("row-2", True),
+                                                  ("row-3", False)]
+        assert got[0] == row(1, api="chat", usage_rejected=True, batch=None)
+    finally:
+        await store.close()
+    assert SCHEMA_VERSION >= 11
 
 
 async def test_spend_per_key_since_a_time(ledger_target: str) -> None:

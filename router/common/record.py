@@ -50,6 +50,7 @@ class RequestRecord:
     tenant: str | None = None  # the key's tenant (auth on), else a hash prefix of the key
     key_id: str | None = None  # the configured key's id (auth on)
     priority: str = "standard"
+    batch: bool = False  # a batch line (router/batch): priced less its backend's discount
     quota_held: bool = False  # counted in by the key's limits: its settle is owed
     backend: str | None = None
     replica: str | None = None  # the endpoint of the backend's group that served it

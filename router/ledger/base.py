@@ -68,6 +68,9 @@ class LedgerRow(NamedTuple):
     # max_tokens): the gateway's estimate stands in (`tokens_estimated`). None in rows
     # written before the ledger kept it.
     usage_rejected: bool | None = False
+    # A batch line (router/batch), priced less its backend's `batch_discount`. None in rows
+    # written before the ledger kept it.
+    batch: bool | None = False
 
 
 COLUMNS: tuple[str, ...] = LedgerRow._fields

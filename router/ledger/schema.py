@@ -73,6 +73,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     # lapse (router/batch/claims.py).
     (10, ("ALTER TABLE batch_lines ADD COLUMN owner TEXT",
           "ALTER TABLE batch_lines ADD COLUMN lease_until DOUBLE PRECISION")),
+    # Which requests were batch lines (their cost less the batch discount); before it: NULL.
+    (11, ("ALTER TABLE requests ADD COLUMN batch BOOLEAN",)),
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

@@ -179,7 +179,8 @@ class SQLiteStore:
 
 def _row(values: Sequence[object]) -> LedgerRow:
     row = LedgerRow(*values)  # type: ignore[arg-type]
-    rejected = row.usage_rejected
+    rejected, batch = row.usage_rejected, row.batch
     return row._replace(stream=bool(row.stream),  # SQLite keeps booleans as 0/1
                         tokens_estimated=bool(row.tokens_estimated),
-                        usage_rejected=None if rejected is None else bool(rejected))
+                        usage_rejected=None if rejected is None else bool(rejected),
+                        batch=None if batch is None else bool(batch))

@@ -5,7 +5,8 @@ estimate once parsed, in Redis (`coordination.mode: redis`) or this process's bo
 The estimate: the prompt's tokens (the gateway's generous estimate from the body's size)
 plus the answer's: `max_tokens` when given, else DEFAULT_ANSWER_TOKENS (at most what the
 primary's context window leaves), none for an embedding; its cost, those tokens at the
-route's primary's price. Settled in `router.request.accounting` with what it used.
+route's primary's price (a batch line's less its discount). Settled in
+`router.request.accounting` with what it used.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def estimate(ex: Exchange, route: RouteConfig) -> tuple[int, float]:
     slot_s = 0.0
     if backend.price is not None and backend.price.gpu_hour is not None:
         slot_s = ex.gw.backends[route.primary].clock.slot_s(answer)
-    return prompt + answer, request_cost(backend.price, backend.slots, prompt, answer, slot_s)
+    return prompt + answer, request_cost(backend.price, backend.slots, prompt, answer, slot_s,
+                                         ex.batch)
 
 
 async def reserve(ex: Exchange, key_id: str, route: RouteConfig) -> None:

@@ -3,7 +3,8 @@ on its route's primary.
 
 The counterfactual is exact when the primary served the request. Otherwise it prices
 the same tokens at the primary's token prices, or, for a GPU-time-priced primary, the
-slot time the primary has recently taken for an answer of that length.
+slot time the primary has recently taken for an answer of that length. A batch line's
+costs, both, are less the backend's `price.batch_discount`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def ledger_row(rec: RequestRecord, config: Config,
     # .get: a reload may have removed the backend while the request ran (then: unpriced)
     backend = config.backends.get(rec.backend) if rec.backend is not None else None
     if backend is not None and rec.slot_at is not None:  # it held a slot
-        cost = request_cost(backend.price, backend.slots, prompt, completion, rec.slot_ms / 1000)
+        cost = request_cost(backend.price, backend.slots, prompt, completion, rec.slot_ms / 1000,
+                            rec.batch)
         primary = config.backends.get(rec.primary) if rec.primary is not None else None
         if rec.primary == rec.backend:
             counterfactual = cost
@@ -67,11 +69,11 @@ def ledger_row(rec: RequestRecord, config: Config,
             slot_s = (primary_clock.slot_s(completion) if primary_clock is not None
                       else primary.initial_hold_s)
             counterfactual = request_cost(primary.price, primary.slots, prompt, completion,
-                                          slot_s)
+                                          slot_s, rec.batch)
     status = rec.status or (CLIENT_CLOSED if rec.disconnect is not None else 0)
     disconnect = rec.disconnect
     # The record's fields read by two C calls, in the table's column order; the row made
-    # as a tuple is (no keyword matching of a NamedTuple's 33 arguments).
+    # as a tuple is (no keyword matching of a NamedTuple's 34 arguments).
     return _new_row(LedgerRow, (
         *_LEADING(rec), status, rec.error, None if disconnect is None else disconnect._value_,
         float(rec.queue_wait_ms), rec.ttft_ms, float(rec.total_ms), float(rec.slot_ms),
@@ -82,7 +84,7 @@ _LEADING = attrgetter("row_id", "ts", "request_id", "endpoint", "route", "primar
                       "experiment", "arm", "tenant", "backend", "reason", "intent",
                       "p_simple", "stream")
 _TRAILING = attrgetter("key_id", "replica", "priority", "slo_ttft_ms", "predicted_ttft_ms",
-                       "api", "usage_rejected")
+                       "api", "usage_rejected", "batch")
 _new_row = tuple.__new__
 
 
