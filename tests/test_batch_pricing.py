@@ -14,6 +14,7 @@ import pytest
 
 from policies.pricing.costs import slot_second_price
 from router.config import config_from_dict
+from router.report.build import build_report
 from tests.support import (
     SdkClients,
     StartGateway,
@@ -70,6 +71,14 @@ async def test_a_batch_lines_row_is_marked_and_costs_its_price_less_the_discount
         assert r.counterfactual_cost == r.cost  # on the primary, as every line runs
         assert (r.status, r.tenant, r.key_id) == (200, "alice", "alice")
         assert r.priority == ("sheddable" if r.batch else "standard")
+    lines = [r for r in rows if r.batch]
+    report = build_report(rows, slots={"big": 2}, resamples=10)["batch"]
+    (alice,) = report["tenants"]
+    assert alice["batch"] == {"requests": 3, "cost": pytest.approx(sum(r.cost for r in lines)),
+                              "tokens": sum(r.prompt_tokens + r.completion_tokens
+                                            for r in lines)}
+    assert report["backends"][0]["batch_slot_s"] == pytest.approx(
+        sum(r.slot_ms for r in lines) / 1000)
     if kind == "tokens":  # the same prompt and answer, at three quarters of the price
         (interactive,) = [r for r in rows if not r.batch]
         same = [r for r in rows if r.batch and (r.prompt_tokens, r.completion_tokens)

@@ -86,7 +86,8 @@ async def _report(request: web.Request) -> web.Response:
     try:
         body = await asyncio.to_thread(  # the bootstrap is CPU work: off the event loop
             build_report, rows, currency=gw.config.currency, baseline=query.get("baseline"),
-            weights=tenant_weights(gw.config.auth.keys))
+            weights=tenant_weights(gw.config.auth.keys),
+            slots={n: b.slots for n, b in gw.config.backends.items()})
     except ValueError as exc:
         raise ApiError(400, str(exc), param="baseline") from None
     return web.Response(body=orjson.dumps(body), content_type="application/json")

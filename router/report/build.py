@@ -34,6 +34,9 @@ one (router/report/apis.py).
 Tenants: "tenants" holds each backend's split between tenants and Jain's fairness index
 over it (router/report/tenants.py), absent when no row has a tenant.
 
+Batch work: "batch" holds each tenant's batch tokens and cost and each backend's batch
+slot time and the idle capacity it filled (router/report/batch.py), when some row is one.
+
 TTFT objectives: "slo" holds each arm's and each class's attainment (router/report/slo.py
 defines it), absent when no row has an objective.
 
@@ -60,6 +63,7 @@ from policies.health.failures import FailureKind, code
 from policies.scheduler.admission import RejectReason
 from router.ledger.base import LedgerRow
 from router.report.apis import api_breakdown
+from router.report.batch import batch_breakdown
 from router.report.slo import slo_breakdown
 from router.report.tenants import tenant_breakdown
 
@@ -84,9 +88,10 @@ def build_report(
     seed: int = 0,
     buckets: int = 20,
     weights: Mapping[str, float] | None = None,
+    slots: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The whole report (`weights`: each tenant's, from the config); raises ValueError on
-    no rows, an unknown baseline or bad counts."""
+    """The whole report (`weights`: each tenant's, `slots`: each backend's, from the
+    config); raises ValueError on no rows, an unknown baseline or bad counts."""
     if not rows:
         raise ValueError("no ledger rows to report on")
     if resamples < 1 or buckets < 1:
@@ -133,6 +138,8 @@ def build_report(
         report["apis"] = apis
     if (tenants := tenant_breakdown(rows, group_stats, weights or {})) is not None:
         report["tenants"] = tenants
+    if (batch := batch_breakdown(rows, slots or {})) is not None:
+        report["batch"] = batch
     return report
 
 

@@ -61,7 +61,8 @@ def _run(args: argparse.Namespace) -> int:
             return _usage_error(parser, f"--baseline {args.baseline!r} is not an arm "
                                         f"of these rows (arms: {arms})")
         report = build_report(rows, currency=config.currency, baseline=args.baseline,
-                              weights=tenant_weights(config.auth.keys))
+                              weights=tenant_weights(config.auth.keys),
+                              slots={n: b.slots for n, b in config.backends.items()})
     except ReportError as exc:
         print(f"slotgate report: {exc}", file=sys.stderr)
         return 1

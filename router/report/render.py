@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from router.report.apis import api_html, api_text
+from router.report.batch_tables import batch_html, batch_text
 from router.report.charts import cost_chart, share_chart, wait_chart
 from router.report.slo_tables import CSV_HEADINGS, slo_csv, slo_html, slo_text
 from router.report.tenant_tables import CSV_HEADINGS as TENANT_HEADINGS
@@ -154,7 +155,7 @@ def render_text(report: dict[str, Any]) -> str:
             label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
             lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
     lines += _text_replicas(report) + api_text(report) + slo_text(report)
-    lines += tenant_text(report)
+    lines += tenant_text(report) + batch_text(report)
     lines += _text_comparisons(report)
     lines += _text_timeseries(report)
     return "\n".join(lines) + "\n"
@@ -290,6 +291,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(slo)
     if tenants := tenant_html(report):
         parts.append(tenants)
+    if batch := batch_html(report):
+        parts.append(batch)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
