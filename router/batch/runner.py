@@ -57,6 +57,10 @@ class BatchRunner:
         self.holding = holding
         self.sent: dict[str, set[asyncio.Task[None]]] = {}  # lines in flight, by pool
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (pool, done|failed|requeued)
+        # As the last turn read them, for the metrics (router.batch.metrics): lines waiting
+        # by their route's primary ("" for a model no route serves), jobs by status.
+        self.waiting: dict[str, int] = {}
+        self.statuses: dict[str, int] = {}
         self.jobs = jobs
         self.url = url
         self.secret = secret
@@ -119,7 +123,8 @@ class BatchRunner:
                     wait.cancel()
 
     async def _turn(self) -> bool:
-        """Advance every open job; whether any is open."""
+        """Advance every open job; whether any is open. The lines left waiting and the jobs
+        by status are kept for the metrics, which a scrape reads without a query."""
         await self._renew()
         rows = await self.jobs.store.run("SELECT id FROM batches WHERE status IN "
                                          "('in_progress', 'cancelling') ORDER BY created_at")
@@ -129,8 +134,14 @@ class BatchRunner:
             pool = self.primary(job.model)
             if pool is not None and job.counts.get("running", 0):
                 self.elsewhere[pool.name] += await self.claims.held_elsewhere(job.id)
+        waiting: Counter[str] = Counter()
         for job in jobs:
-            await self._advance(job)
+            pool = self.primary(job.model)
+            waiting[pool.name if pool else ""] += await self._advance(job)
+        self.waiting = dict(waiting)
+        counted = await self.jobs.store.run("SELECT status, COUNT(*) FROM batches "
+                                            "GROUP BY status")
+        self.statuses = {str(status): int(n) for status, n in counted}  # type: ignore[call-overload]
         return bool(rows) or any(self.running.values())
 
     async def _renew(self) -> None:
@@ -140,7 +151,8 @@ class BatchRunner:
             self.renewed_at = now
             await self.claims.renew([job for job, lines in self.running.items() if lines])
 
-    async def _advance(self, job: Job) -> None:
+    async def _advance(self, job: Job) -> int:
+        """Start what lines of `job` have room, or end it; how many are left waiting."""
         running = self.running.setdefault(job.id, set())
         waiting = job.counts.get("waiting", 0)
         ending = _ending(job)
@@ -149,7 +161,8 @@ class BatchRunner:
             waiting = 0
         if not running and not waiting and not job.counts.get("running", 0):
             await self._finish(job)
-            return
+            return 0
+        left = waiting
         if ending is None:  # lines other processes run: their claims may lapse
             waiting += job.counts.get("running", 0) - len(running)
         while waiting > 0 and self._room(job):
@@ -165,6 +178,8 @@ class BatchRunner:
                 sent = self.sent.setdefault(pool.name, set())
                 sent.add(task)
                 task.add_done_callback(sent.discard)
+            left = max(0, left - 1)
+        return left
 
     def _room(self, job: Job) -> bool:
         """A free slot on the route's primary, nobody waiting for one there, and the
