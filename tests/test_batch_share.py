@@ -96,7 +96,8 @@ async def test_slots_batch_lines_hold_are_free_to_the_scheduler(
     sim.hold()
     job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(2))))
     await sim.wait_until(lambda e: e.active == 1)  # a line holds the only primary slot
-    asked = asyncio.create_task(alice.chat.completions.with_raw_response.create(**ASK))
+    asked: asyncio.Task[Any] = asyncio.ensure_future(
+        alice.chat.completions.with_raw_response.create(**ASK))
     await sim.wait_until(lambda e: e.stats()["aborted"] == 1 and e.active == 1)
     sim.release()
     answer = await asked
