@@ -240,3 +240,25 @@ async def test_a_batch_past_its_window_expires_with_what_it_finished(
                                                       ("q2", "batch_expired")]
     assert sim.stats()["requests"] == 1
     await assert_idle(gw)
+
+
+async def test_without_auth_a_batch_line_still_gives_its_slot_back(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    raw = config(tmp_path, slots=1)
+    del raw["auth"]  # as the embedded config: no keys, every client one tenant
+    gw: RunningGateway = await start(raw)
+    client = sdk(gw, api_key="unused")
+    sim = engine(gw)
+    sim.hold()
+    job = await submit(client, jsonl(*(line(f"q{i}") for i in range(2))))
+    await sim.wait_until(lambda e: e.active == 1)  # the first line holds the only slot
+    assert gw.gateway.batch_lines.count("big") == 1
+    asked = asyncio.create_task(client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "now"}], max_tokens=4))
+    await sim.wait_until(lambda e: e.stats()["aborted"] == 1 and e.active == 1)
+    assert gw.gateway.batch_lines.preempted == 1
+    sim.release()
+    assert (await asked).choices[0].message.content
+    done = await ended(client, job.id)
+    assert (done.status, done.request_counts.completed) == ("completed", 2)
+    await assert_idle(gw)

@@ -41,6 +41,9 @@ AUTH_FAILURES = frozenset({"invalid_api_key", "duplicate_authorization",
 
 
 _CLASSES = frozenset(Priority)  # the values a client may name in x-slotgate-priority
+BATCH_KEY_HEADER = "x-slotgate-batch-key"  # the job's key id, on the runner's lines
+# A batch line of a gateway without auth: its job has no key and the one tenant "".
+ANONYMOUS_BATCH_LINE = Caller("", "", admin=False, digest=b"", batch=True)
 
 
 def presented_key(request: web.BaseRequest) -> str:
@@ -91,14 +94,20 @@ class Keyring:
             self._by_digest[digest] = self._by_id[key.id] = found
 
     def caller(self, request: web.Request) -> Caller | None:
-        """The caller of a request; raises a 401 when auth is on and the key is wrong."""
+        """The caller of a request; raises a 401 when auth is on and the key is wrong.
+        With auth off: None, but for the batch runner's lines (they still give their slot
+        up to interactive requests, and stay on their route's primary)."""
         if not self.enabled:
+            if BATCH_KEY_HEADER in request.headers and hmac.compare_digest(
+                    hashlib.sha256(presented_key(request).encode(errors="replace")).digest(),
+                    self._batch_digest):
+                return ANONYMOUS_BATCH_LINE
             return None
         presented = presented_key(request)
         digest = hashlib.sha256(presented.encode(errors="replace")).digest()
         found = self._by_digest.get(digest)
         if found is None and hmac.compare_digest(digest, self._batch_digest):
-            found = self._by_id.get(request.headers.get("x-slotgate-batch-key", ""))
+            found = self._by_id.get(request.headers.get(BATCH_KEY_HEADER, ""))
             if found is not None:
                 return replace(found, batch=True)  # a batch line, run for its job's key
         if not presented or found is None or not hmac.compare_digest(found.digest, digest):
