@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve(commands)
     _add_simulate(commands)
     # The tools and the classifier declare their flags in their own modules, imported on use.
-    commands.add_parser("demo", help="ten people, three slots", declare=_demo, own_errors=True)
+    commands.add_parser("demo", help="ten people, three slots (--batch: a batch in the gaps)",
+                        declare=_demo, own_errors=True)
     commands.add_parser("loadtest", help="drive a mixed workload (A/B: fallback off vs on)",
                         declare=_loadtest, own_errors=True)
     commands.add_parser("report", help="cost and wait report from the ledger",
@@ -60,7 +61,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def _demo(parser: argparse.ArgumentParser) -> None:
-    from router.tools.demo import add_arguments
+    from router.tools.demo_batch import add_arguments  # the demo's flags and --batch's
 
     add_arguments(parser)
 

@@ -39,6 +39,7 @@ RUNTIME = {
     ("router.report.cli", "router.config"),
     ("router.tools.demo", "router.app"),
     ("router.tools.demo", "router.config"),
+    ("router.tools.demo_batch", "router.app"),
     ("router.tools.loadtest", "router.app"),
     ("router.tools.loadtest", "router.config"),
     ("router.tools.workers", "router.app"),
