@@ -128,8 +128,8 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
     if gw.draining:
         raise exchange.rejection(RejectReason.DRAINING, 0, None)
     if (caller := gw.keyring.caller(request)) is not None:  # 401 for a wrong key
-        rec.tenant, rec.key_id = caller.tenant, caller.key_id or None  # (auth off: "")
-        rec.batch = caller.batch
+        # (auth off: a batch line's key id is "", recorded as none)
+        rec.tenant, rec.key_id, rec.batch = caller.tenant, caller.key_id or None, caller.batch
         exchange.weight, exchange.batch = caller.weight, caller.batch
     exchange.priority = gw.keyring.priority(caller, request)
     rec.priority = exchange.priority._value_
