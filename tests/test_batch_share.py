@@ -17,7 +17,7 @@ from policies.config.batch import BatchConfig
 from router.app import RunningGateway
 from router.batch.runner import SECRET_HEADER
 from tests.support import SdkClients, StartGateway, assert_idle, engine, sim_backend
-from tests.test_batches import KEYS, config, ended, jsonl, line, submit
+from tests.support.batch_jobs import KEYS, config, ended, jsonl, line, submit
 
 ASK: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "now"}],
                        "max_tokens": 4}

@@ -5,9 +5,7 @@ the input checked whole at creation; cancel; each tenant sees only its own jobs.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from pathlib import Path
-from typing import Any
 
 import openai
 import orjson
@@ -15,44 +13,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from router.app import RunningGateway
-from tests.support import SdkClients, StartGateway, assert_idle, engine, gateway_config, sim_backend
-
-KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
-
-
-def line(custom_id: str, url: str = "/v1/chat/completions", **body: Any) -> bytes:
-    body = {"model": "chat", "messages": [{"role": "user", "content": f"hi {custom_id}"}],
-            "max_tokens": 4, **body}
-    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
-
-
-def jsonl(*lines: bytes) -> bytes:
-    return b"\n".join(lines) + b"\n"
-
-
-def config(tmp_path: Path, slots: int = 2) -> dict[str, Any]:
-    raw = gateway_config(sim_backend("m", slots=slots, queue_limit=4))
-    raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3"), "flush_interval_s": 0.05}
-    raw["auth"] = {"enabled": True, "keys": [
-        {"id": name, "tenant": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
-        for name, key in KEYS.items()]}
-    return raw
-
-
-async def ended(client: openai.AsyncOpenAI, batch_id: str, within_s: float = 20) -> Any:
-    """The job once it has ended (the API offers no signal; a client polls it too)."""
-    async with asyncio.timeout(within_s):
-        while True:
-            job = await client.batches.retrieve(batch_id)
-            if job.status in ("completed", "failed", "expired", "cancelled"):
-                return job
-            await asyncio.sleep(0.02)
-
-
-async def submit(client: openai.AsyncOpenAI, content: bytes, **kwargs: Any) -> Any:
-    made = await client.files.create(file=("in.jsonl", content), purpose="batch")
-    return await client.batches.create(input_file_id=made.id, endpoint="/v1/chat/completions",
-                                       completion_window="24h", **kwargs)
+from tests.support import SdkClients, StartGateway, assert_idle, engine, sim_backend
+from tests.support.batch_jobs import KEYS, config, ended, jsonl, line, submit
 
 
 async def unrun(client: openai.AsyncOpenAI, error_file_id: str | None) -> list[tuple[str, str]]:

@@ -7,7 +7,6 @@ delete; each tenant sees only its own batches."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,9 @@ import orjson
 import pytest
 
 from router.app import RunningGateway
-from tests.support import SdkClients, StartGateway, assert_idle, engine, gateway_config, sim_backend
+from tests.support import SdkClients, StartGateway, assert_idle, engine
+from tests.support.batch_jobs import KEYS, config
 
-KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
 Claude = Callable[..., anthropic.AsyncAnthropic]
 
 
@@ -28,15 +27,6 @@ def request(custom_id: str, **params: Any) -> Any:
     params = {"model": "chat", "max_tokens": 4,
               "messages": [{"role": "user", "content": f"hi {custom_id}"}], **params}
     return {"custom_id": custom_id, "params": params}
-
-
-def config(tmp_path: Path, slots: int = 2, **sim: Any) -> dict[str, Any]:
-    raw = gateway_config(sim_backend("m", slots=slots, queue_limit=4, sim=sim))
-    raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3"), "flush_interval_s": 0.05}
-    raw["auth"] = {"enabled": True, "keys": [
-        {"id": name, "tenant": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
-        for name, key in KEYS.items()]}
-    return raw
 
 
 async def ended(client: anthropic.AsyncAnthropic, batch_id: str, within_s: float = 20) -> Any:

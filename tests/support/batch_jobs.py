@@ -1,13 +1,30 @@
-"""Batch jobs in tests: an input file's lines, a job submitted with the official SDK, and the
-job once it has ended."""
+"""Batch jobs in tests: a gateway with a ledger and two tenants' keys, an input file's lines,
+a job submitted with the official SDK, and the job once it has ended."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import openai
 import orjson
+
+from tests.support import gateway_config, sim_backend
+
+KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
+
+
+def config(tmp_path: Path, slots: int = 2, **sim: Any) -> dict[str, Any]:
+    """One backend `big` of `slots` (a simulated engine: `sim`), a SQLite ledger, and a
+    key for each tenant of KEYS."""
+    raw = gateway_config(sim_backend("m", slots=slots, queue_limit=4, sim=sim))
+    raw["ledger"] = {"path": str(tmp_path / "ledger.sqlite3"), "flush_interval_s": 0.05}
+    raw["auth"] = {"enabled": True, "keys": [
+        {"id": name, "tenant": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+        for name, key in KEYS.items()]}
+    return raw
 
 
 def line(custom_id: str, url: str = "/v1/chat/completions", **body: Any) -> bytes:
