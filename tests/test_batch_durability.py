@@ -16,7 +16,7 @@ import yaml
 
 from router.upstream.simulated.app import RunningSim
 from tests.support import GatewayProcess, RedisServer
-from tests.test_batches import ended, jsonl, line, submit
+from tests.support.batch_jobs import ended, jsonl, line, submit
 
 
 def write_config(folder: Path, sim: RunningSim, ledger: dict[str, Any], slots: int = 2,
@@ -30,7 +30,9 @@ def write_config(folder: Path, sim: RunningSim, ledger: dict[str, Any], slots: i
         "logging": {"access": False},
     }
     if redis_url is not None:
-        raw["coordination"] = {"mode": "redis", "url": redis_url}
+        # a killed gateway's shared slots lapse within 3 s
+        raw["coordination"] = {"mode": "redis", "url": redis_url, "lease_ttl_s": 3.0,
+                               "recheck_s": 0.5}
     path = folder / "gateway.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return path

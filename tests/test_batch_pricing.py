@@ -19,7 +19,9 @@ from tests.support import (
     SdkClients,
     StartGateway,
     assert_idle,
+    engine,
     gateway_config,
+    poll_until,
     rows_of,
     sim_backend,
 )
@@ -104,3 +106,27 @@ async def test_the_keys_budget_counts_its_batch_lines_tokens(
     await assert_idle(gw)
     rows = await rows_of(gw, target)
     assert [(r.batch, r.status) for r in rows] == [(True, 200), (False, 429)]
+
+
+async def test_a_line_refused_by_its_keys_budget_pauses_its_job(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    """The key's budget runs out after the first line: the second is refused (429
+    budget_exceeded) and its job waits the Retry-After before it sends a line again, instead
+    of sending it back at once, turn after turn."""
+    target = str(tmp_path / "ledger.sqlite3")
+    gw = await start(config(target, tmp_path, PRICES["tokens"],
+                            budgets=[{"period": "day", "tokens": 1}]))
+    alice = sdk(gw, api_key=KEY)
+    job = await submit(alice, jsonl(line("q0"), line("q1")))
+    runner = gw.gateway.batch_runner
+    assert runner is not None
+    await poll_until(lambda: job.id in runner.paused)
+    for _ in range(5):  # turns of the runner while the job is paused: none sends q1
+        await runner._turn()
+    assert sum(n for (_, outcome), n in runner.outcomes.items() if outcome == "requeued") == 1
+    assert engine(gw).stats()["requests"] == 1
+    await alice.batches.cancel(job.id)
+    done = await ended(alice, job.id)
+    assert (done.status, done.request_counts.completed, done.request_counts.failed) == (
+        "cancelled", 1, 1)  # q1 never ran: batch_cancelled in the error file
+    await assert_idle(gw)

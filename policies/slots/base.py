@@ -168,6 +168,10 @@ class SlotPool(Protocol):
 
     def snapshot(self) -> PoolSnapshot: ...
 
+    # Read the counts again where they are shared: a process that neither waits nor takes
+    # a slot there hears of no lease that lapsed (another process died holding it).
+    async def recount(self) -> None: ...
+
     def forecast(self, position: int) -> float: ...  # seconds until `position` gets a slot
 
     pins: bool  # may a waiter be pinned to one replica for a while (`enqueue`'s `hold_s`)

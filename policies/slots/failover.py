@@ -108,6 +108,9 @@ class FailoverPool:
     def queued(self) -> int:
         return self.shared.queued + (self.local.queued if self.local else 0)
 
+    async def recount(self) -> None:
+        await self.shared.recount()
+
     def snapshot(self) -> PoolSnapshot:
         if self.degraded and self.local is not None:
             return self.local.snapshot()

@@ -104,6 +104,9 @@ class LocalSlotPool:
         critical, standard, sheddable = self._lines  # on every admission: no generator
         return len(critical.tickets) + len(standard.tickets) + len(sheddable.tickets)
 
+    async def recount(self) -> None:
+        """Its counts are its own: nothing to read."""
+
     def snapshot(self) -> PoolSnapshot:
         return PoolSnapshot(
             self.name,
@@ -233,17 +236,13 @@ class LocalSlotPool:
         self._changed()
         return lease
 
-    async def enqueue(self, priority: Priority = Priority.STANDARD,
-                      want: str | None = None,
-                      max_tokens: int | None = None,
-                      share: Share | None = None, hold_s: float = 0.0,
-                      beyond: int = 0) -> LocalTicket | None:
+    async def enqueue(self, priority: Priority = Priority.STANDARD, want: str | None = None,
+                      max_tokens: int | None = None, share: Share | None = None,
+                      hold_s: float = 0.0, beyond: int = 0) -> LocalTicket | None:
         return self.enqueue_nowait(priority, want, max_tokens, share, hold_s, beyond)
 
-    def enqueue_nowait(self, priority: Priority = Priority.STANDARD,
-                       want: str | None = None,
-                       max_tokens: int | None = None,
-                       share: Share | None = None,
+    def enqueue_nowait(self, priority: Priority = Priority.STANDARD, want: str | None = None,
+                       max_tokens: int | None = None, share: Share | None = None,
                        hold_s: float = 0.0, beyond: int = 0) -> LocalTicket | None:
         """A place in line; with `hold_s` > 0 it takes a slot on `want` alone for that
         long (a grouped FIFO pool: `pins`), then any, keeping its place."""

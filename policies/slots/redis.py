@@ -327,6 +327,10 @@ class RedisSlotPool:
         """The counts here still hold what could not be given back: read them again once
         Redis has expired it (the next poll would, but a pool nobody waits on polls not)."""
         await asyncio.sleep(self.lease_ttl_s)  # the item's TTL: gone in Redis by then
+        await self.recount()
+
+    async def recount(self) -> None:
+        """Redis's counts now (its poll expires lapsed leases first)."""
         with contextlib.suppress(CoordinationError):
             await self._poll()
 

@@ -38,6 +38,12 @@ from router.batch.results import written
 log = logging.getLogger("slotgate.batch")
 SECRET_HEADER = "x-slotgate-batch-key"  # the job's key id, with the process's secret
 LINE_TIMEOUT_S = 3600.0  # one line, queue and answer (a backend's own bounds come first)
+# A line refused for want of a slot (taken between the runner's look and the line's
+# arrival) or cut for an interactive request runs again as soon as a slot frees. Any other
+# refusal (its key's budget or rate, a drain, a backend out of service) pauses its job for
+# the Retry-After the gateway gave, within these bounds.
+SLOT_RACE = frozenset({None, "queue_full"})  # x-slotgate-reject-reason (None: cut)
+PAUSE_S = (1.0, 300.0)
 
 
 class BatchRunner:
@@ -51,7 +57,8 @@ class BatchRunner:
         self.config = config
         self.claims = Claims(jobs.store, config().line_lease_s)
         self.elsewhere: Counter[str] = Counter()  # by pool: lines other processes run
-        self.renewed_at = 0.0
+        self.renewed_at = self.recounted_at = 0.0
+        self.paused: dict[str, float] = {}  # job id -> no line of it starts before (monotonic)
         self.primary = primary
         self.pools = pools
         self.holding = holding
@@ -114,7 +121,8 @@ class BatchRunner:
                      asyncio.ensure_future(self.wake.wait())]
             # Jobs of other gateways, windows ending and claims to renew, with nothing
             # else happening
-            every_s = min(self.config().poll_s, self.claims.lease_s / 3)
+            every_s = min(self.config().poll_s, self.claims.lease_s / 3,
+                          *(until - time.monotonic() for until in self.paused.values()))
             try:
                 await asyncio.wait(waits, timeout=every_s,
                                    return_when=asyncio.FIRST_COMPLETED)
@@ -129,6 +137,7 @@ class BatchRunner:
         rows = await self.jobs.store.run("SELECT id FROM batches WHERE status IN "
                                          "('in_progress', 'cancelling') ORDER BY created_at")
         jobs = [await self.jobs.get(None, str(job_id)) for (job_id,) in rows]
+        await self._recount(jobs)
         self.elsewhere.clear()
         for job in jobs:
             pool = self.primary(job.model)
@@ -143,6 +152,16 @@ class BatchRunner:
                                             "GROUP BY status")
         self.statuses = {str(status): int(n) for status, n in counted}  # type: ignore[call-overload]
         return bool(rows) or any(self.running.values())
+
+    async def _recount(self, jobs: list[Job]) -> None:
+        """Every poll, the shared counts of the pools the jobs run on: a pool whose slots
+        a killed gateway held reads full here until someone asks Redis again."""
+        now = time.monotonic()
+        if now - self.recounted_at >= self.config().poll_s:
+            self.recounted_at = now
+            for pool in {pool.name: pool for job in jobs
+                         if (pool := self.primary(job.model)) is not None}.values():
+                await pool.recount()
 
     async def _renew(self) -> None:
         """Extend the claims of the lines this process runs, a third of a lease ahead."""
@@ -163,6 +182,9 @@ class BatchRunner:
             await self._finish(job)
             return 0
         left = waiting
+        if self.paused.get(job.id, 0.0) > time.monotonic():
+            return left
+        self.paused.pop(job.id, None)
         if ending is None:  # lines other processes run: their claims may lapse
             waiting += job.counts.get("running", 0) - len(running)
         while waiting > 0 and self._room(job):
@@ -205,17 +227,22 @@ class BatchRunner:
             async with self._session.post(self.url + job.endpoint, data=body.encode(),
                                           headers=headers) as resp:
                 status, answer = resp.status, await resp.read()
+                reason = resp.headers.get("x-slotgate-reject-reason")
+                after = resp.headers.get("Retry-After")
         except aiohttp.ServerDisconnectedError:  # its slot went to an interactive request
-            status, answer = 503, b""
+            status, answer, reason, after = 503, b"", None, None
         except (aiohttp.ClientError, TimeoutError) as exc:
-            status, answer = 502, orjson.dumps({"error": {
+            status, reason, after = 502, None, None
+            answer = orjson.dumps({"error": {
                 "message": f"The line could not be run: {type(exc).__name__}",
                 "type": "server_error", "param": None, "code": "batch_line_failed"}})
         pool = self.primary(job.model)
         name = pool.name if pool else ""
-        if status in (429, 503):  # preempted, no slot after all, or draining: again
+        if status in (429, 503):  # cut, refused: again (after a pause, unless for a slot)
             await self.claims.give_back(job.id, line)
             self.outcomes[name, "requeued"] += 1
+            if reason not in SLOT_RACE:
+                self.paused[job.id] = time.monotonic() + _pause_s(after)
         else:
             result = {"id": "batch_req_" + os.urandom(12).hex(), "custom_id": custom_id,
                       "response": {"status_code": status, "request_id": request_id,
@@ -232,6 +259,7 @@ class BatchRunner:
         """Write the job's files (router.batch.results: every line, those that never ran
         too, in the input's order) and close it, unless another process is finishing it. A
         Message Batch's results file is kept as its output file."""
+        self.paused.pop(job.id, None)
         if not await self.claims.finishing(job.id):
             self.running.pop(job.id, None)
             return
@@ -260,6 +288,15 @@ def _ending(job: Job) -> str | None:
     if job.status == "cancelling":
         return "cancelled"
     return "expired" if time.time() >= job.expires_at else None
+
+
+def _pause_s(retry_after: str | None) -> float:
+    """How long a refused line's job waits: the gateway's Retry-After, within PAUSE_S."""
+    try:
+        wait_s = float(retry_after or 0)
+    except ValueError:
+        wait_s = 0.0
+    return min(max(wait_s, PAUSE_S[0]), PAUSE_S[1])
 
 
 def _json(answer: bytes) -> Any:
