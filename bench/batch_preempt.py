@@ -35,6 +35,7 @@ POLL_S = 0.002
 class Probe:
     stream: Stream
     simple: bool  # a prompt the route's classifier may steer to the small model
+    reached_s: float | None = None  # arrival -> its request reaches the engine
     slot_s: float | None = None  # arrival -> its sequence starts on the engine
     cut_end_s: float | None = None  # arrival -> the cut line's engine request ends
 
@@ -86,6 +87,8 @@ async def probe_preemption(session: aiohttp.ClientSession, gw: BenchGateway, cou
 def _read_engine(gw: BenchGateway, probe: Probe) -> Probe:
     arrived = probe.stream.sent_at
     rec = gw.engine.records.get(probe.stream.request_id)
+    if rec is not None:
+        probe.reached_s = rec.started_at - arrived
     if rec is not None and rec.first_token_at is not None and rec.planned_ttft_s is not None:
         probe.slot_s = rec.first_token_at - rec.planned_ttft_s - arrived
     cuts = [r.ended_at for r in gw.records() if r.aborted and r.ended_at is not None

@@ -112,6 +112,7 @@ def _preemption(r: Results) -> list[str]:
     simple = [p for p in r.probes.probes if p.simple]
     queue = [r.waits_shared[p.stream.request_id] for p in probes
              if p.stream.request_id in r.waits_shared]
+    reached = [p.reached_s for p in probes if p.reached_s is not None]
     slot = [p.slot_s for p in probes if p.slot_s is not None]
     cut = [p.cut_end_s for p in probes if p.cut_end_s is not None]
     ttft = [p.stream.ttft_s for p in probes if p.stream.ttft_s is not None]
@@ -120,6 +121,7 @@ def _preemption(r: Results) -> list[str]:
             f"{'p50 ms':>9}{'p99 ms':>9}{'n':>5}",
             f"{'  in line -> slot, the gateway (its queue wait, ledger)':<{width}}"
             f"{_ms(queue)}",
+            f"{'  arrival -> it reaches the engine':<{width}}{_ms(reached)}",
             f"{'  arrival -> its sequence starts on the engine':<{width}}{_ms(slot)}",
             f"{'  arrival -> the cut line ends on the engine':<{width}}{_ms(cut)}",
             f"{'  arrival -> first token, the client (TTFT included)':<{width}}"
