@@ -44,11 +44,12 @@ bench-overhead: $(STAMP)   # the older gateway-vs-direct bench alone
 	$(BIN)/python bench/overhead.py
 
 # #32's targets: interactive traffic with and without a batch on config.yaml's 70B, ~3
-# minutes; BATCH_ARGS=--quick for ~40 s, --auth to run the gateways with an API key.
+# minutes; BATCH_ARGS=--quick for ~40 s, --auth to run the gateways with an API key. The
+# gateways run in the bench's process: PYTHONPATH makes them this tree's.
 .PHONY: bench-batch
 BATCH_ARGS ?=
 bench-batch: $(STAMP)
-	$(BIN)/python bench/batch_share.py $(BATCH_ARGS)
+	PYTHONPATH=. $(BIN)/python bench/batch_share.py $(BATCH_ARGS)
 
 # A real engine for tests/engine: llama.cpp's server and a small GGUF model, in a venv of
 # their own so that `make test` never needs them. The model and the built wheel are kept
