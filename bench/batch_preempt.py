@@ -28,7 +28,6 @@ from batch_traffic import Stream, chat, stream_chat
 from router.tools.demo import HARD, SIMPLE
 
 FULL_WAIT_S = 5.0  # for the batch to fill the slots again after a probe
-POLL_S = 0.002
 
 
 @dataclass
@@ -49,15 +48,16 @@ class Probes:
 
 async def _full(gw: BenchGateway, within_s: float) -> tuple[bool, int]:
     """Wait until the batch holds every slot (no interactive request is in flight while
-    probes run); whether it did, and the most it held meanwhile."""
+    probes run), woken by the pool's changes; whether it did, and the most it held."""
     pool, most = gw.pool, 0
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        most = max(most, pool.active)
-        if pool.active >= pool.capacity and not pool.queued:
-            return True, most
-        await asyncio.sleep(POLL_S)
-    return False, most
+    try:
+        async with asyncio.timeout(within_s):
+            while pool.active < pool.capacity or pool.queued:
+                most = max(most, pool.active)
+                await pool.next_change()
+    except TimeoutError:
+        return False, most
+    return True, pool.active
 
 
 async def probe_preemption(session: aiohttp.ClientSession, gw: BenchGateway, count: int,
