@@ -190,7 +190,7 @@ async def test_a_batch_past_its_window_expires_with_what_it_finished(
     jobs = gw.gateway.jobs
     assert jobs is not None
     await jobs.store.run("UPDATE batches SET expires_at = 0 WHERE id = ?", (job.id,))
-    jobs.changed.set()  # (its window passed: the look the runner takes every minute, now)
+    jobs.changed.set()  # (its window passed: the look the runner takes every poll_s, now)
     sim.release()
     done = await ended(alice, job.id)
     assert done.status == "expired" and done.expired_at is not None

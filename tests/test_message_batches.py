@@ -177,7 +177,7 @@ async def test_a_batch_past_its_window_ends_with_its_other_requests_expired(
     jobs = gw.gateway.jobs
     assert jobs is not None
     await jobs.store.run("UPDATE batches SET expires_at = 0 WHERE id = ?", (batch.id,))
-    jobs.changed.set()  # (its window passed: the look the runner takes every minute, now)
+    jobs.changed.set()  # (its window passed: the look the runner takes every poll_s, now)
     sim.release()
     done = await ended(alice, batch.id)
     assert counts(done) == (0, 1, 0, 0, 2)
