@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import hdrs
 
 from policies.config.batch import BatchConfig
 from policies.slots.base import SlotPool
@@ -228,7 +229,7 @@ class BatchRunner:
                                           headers=headers) as resp:
                 status, answer = resp.status, await resp.read()
                 reason = resp.headers.get("x-slotgate-reject-reason")
-                after = resp.headers.get("Retry-After")
+                after = resp.headers.get(hdrs.RETRY_AFTER)
         except aiohttp.ServerDisconnectedError:  # its slot went to an interactive request
             status, answer, reason, after = 503, b"", None, None
         except (aiohttp.ClientError, TimeoutError) as exc:
