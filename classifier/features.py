@@ -111,6 +111,16 @@ def featurize(text: str, settings: FeatureSettings) -> tuple[Indices, Values]:
     )
 
 
+def cjk_share(text: str) -> float:
+    """The share of kana and CJK ideographs in `text`, as `featurize` reads it (clipped,
+    full-width ASCII folded, each run of whitespace one character): its "cjk_ratio"
+    signal; 0.0 for a text of whitespace only."""
+    lowered = clip(text).strip().lower()
+    raw = np.frombuffer(lowered.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    _, kinds = _collapse_spaces(_fold_width(raw.astype(np.uint64)))
+    return float(np.count_nonzero(kinds == _HAN)) / max(1, kinds.size)
+
+
 # --- character kinds -------------------------------------------------------------------
 
 _OTHER, _SPACE, _DIGIT, _LETTER, _HAN, _CODE, _MATH, _QMARK, _QUOTE, _COLON = range(10)
