@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from policies.quality.judging import Verdict
+from policies.quality.stats import VerdictRow
 from router.ledger.base import COLUMNS, Ledger, LedgerRow, RowFilter
 from router.ledger.open import open_store
 from router.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from router.ledger.sqlite import ROWS_PER_INSERT, SQLiteStore, statement_sizes
+from router.quality import verdicts
 
 
 def row(i: int, **fields: object) -> LedgerRow:
@@ -299,6 +302,28 @@ async def test_a_ledger_without_batch_marks_is_migrated_in_place(ledger_target: 
     finally:
         await store.close()
     assert SCHEMA_VERSION >= 11
+
+
+async def test_step_12_adds_the_verdicts_table_to_a_ledger_in_use(ledger_target: str) -> None:
+    """Step 12 on a ledger of the steps before it: its requests stay, and the judge's
+    verdicts are written and read beside them."""
+    await _make_old_ledger(ledger_target, row(1), version=11, first_new="key_id")
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        assert [r.id for r in await store.fetch(RowFilter())] == ["row-1"]
+        await verdicts.record(store, verdicts.VerdictRecord(
+            request_id="req-1", tenant=None, route="chat", intent="greeting", language="en",
+            p_simple=0.93, prompt_tokens=11, small_backend="small", primary_backend="big",
+            verdict=Verdict.TIE, saved=0.5, ts=1_700_000_001.0))
+        assert await verdicts.fetch(store, None, None) == [VerdictRow(
+            ts=1_700_000_001.0, route="chat", intent="greeting", language="en",
+            p_simple=0.93, prompt_tokens=11, verdict=Verdict.TIE, saved=0.5)]
+        tables = await store.run("SELECT COUNT(*) FROM schema_migrations WHERE version = 12")
+        assert tables == [(1,)]
+    finally:
+        await store.close()
+    assert SCHEMA_VERSION >= 12
 
 
 async def test_spend_per_key_since_a_time(ledger_target: str) -> None:

@@ -75,6 +75,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
           "ALTER TABLE batch_lines ADD COLUMN lease_until DOUBLE PRECISION")),
     # Which requests were batch lines (their cost less the batch discount); before it: NULL.
     (11, ("ALTER TABLE requests ADD COLUMN batch BOOLEAN",)),
+    # The judge's verdicts on shadowed downgrades (router/quality/verdicts.py): one row per
+    # judged request, never a prompt or an answer.
+    (12, ("CREATE TABLE verdicts (id TEXT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, "
+          "request_id TEXT NOT NULL, tenant TEXT, route TEXT NOT NULL, intent TEXT, "
+          "language TEXT NOT NULL, p_simple DOUBLE PRECISION, "
+          "prompt_tokens INTEGER NOT NULL, small_backend TEXT NOT NULL, "
+          "primary_backend TEXT NOT NULL, verdict TEXT, judge_version TEXT NOT NULL, "
+          "saved DOUBLE PRECISION NOT NULL)",
+          "CREATE INDEX verdicts_ts ON verdicts (ts)")),
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "
