@@ -61,6 +61,7 @@ def admin(request: web.Request) -> None:
 
 async def _report(request: web.Request) -> web.Response:
     from router.report.build import build_report, parse_when  # numpy: only when asked
+    from router.report.quality import load as load_quality
     from router.report.tenants import tenant_weights
 
     gw = request.app[GATEWAY]
@@ -83,11 +84,12 @@ async def _report(request: web.Request) -> web.Response:
     rows = await gw.ledger.store.fetch(where)
     if not rows:
         raise ApiError(404, "The ledger has no rows for this filter.", code="no_rows")
+    quality = await load_quality(gw.ledger.store, gw.config, where)
     try:
         body = await asyncio.to_thread(  # the bootstrap is CPU work: off the event loop
             build_report, rows, currency=gw.config.currency, baseline=query.get("baseline"),
             weights=tenant_weights(gw.config.auth.keys),
-            slots={n: b.slots for n, b in gw.config.backends.items()})
+            slots={n: b.slots for n, b in gw.config.backends.items()}, quality=quality)
     except ValueError as exc:
         raise ApiError(400, str(exc), param="baseline") from None
     return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -36,6 +36,7 @@ over it (router/report/tenants.py), absent when no row has a tenant.
 
 Batch work: "batch" holds each tenant's batch tokens and cost and each backend's batch
 slot time and the idle capacity it filled (router/report/batch.py), when some row is one.
+The quality of downgrades: "quality" (router/report/quality.py), given verdicts.
 
 TTFT objectives: "slo" holds each arm's and each class's attainment (router/report/slo.py
 defines it), absent when no row has an objective.
@@ -64,6 +65,7 @@ from policies.scheduler.admission import RejectReason
 from router.ledger.base import LedgerRow
 from router.report.apis import api_breakdown
 from router.report.batch import batch_breakdown
+from router.report.quality import QualityInputs, quality_breakdown
 from router.report.slo import slo_breakdown
 from router.report.tenants import tenant_breakdown
 
@@ -89,9 +91,10 @@ def build_report(
     buckets: int = 20,
     weights: Mapping[str, float] | None = None,
     slots: Mapping[str, int] | None = None,
+    quality: QualityInputs | None = None,
 ) -> dict[str, Any]:
-    """The whole report (`weights`: each tenant's, `slots`: each backend's, from the
-    config); raises ValueError on no rows, an unknown baseline or bad counts."""
+    """The whole report (`weights`, `slots`: each tenant's, each backend's, from the config;
+    `quality`: verdicts); raises ValueError on no rows, an unknown baseline or bad counts."""
     if not rows:
         raise ValueError("no ledger rows to report on")
     if resamples < 1 or buckets < 1:
@@ -140,6 +143,8 @@ def build_report(
         report["tenants"] = tenants
     if (batch := batch_breakdown(rows, slots or {})) is not None:
         report["batch"] = batch
+    if quality is not None and (judged := quality_breakdown(rows, quality)) is not None:
+        report["quality"] = judged
     return report
 
 

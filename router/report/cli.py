@@ -20,6 +20,8 @@ from router.common.config_error import ConfigError, from_env
 from router.config import load_config
 from router.ledger.base import LedgerRow, RowFilter
 from router.report.build import NONE_GROUP, build_report, parse_when
+from router.report.quality import QualityInputs
+from router.report.quality import load as load_quality
 from router.report.render import render_csv, render_html, render_json, render_text
 from router.report.tenants import tenant_weights
 
@@ -53,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
         return _usage_error(parser, str(exc))
     try:
         target, config = _ledger_and_config(args.config, args.ledger)
-        rows = asyncio.run(fetch_rows(target, where))
+        rows, quality = asyncio.run(fetch_rows(target, where, config))
         if not rows:
             raise ReportError(f"{_public(target)}: {_nothing_found(where)}")
         if args.baseline is not None and args.baseline not in {_arm(r) for r in rows}:
@@ -62,7 +64,8 @@ def _run(args: argparse.Namespace) -> int:
                                         f"of these rows (arms: {arms})")
         report = build_report(rows, currency=config.currency, baseline=args.baseline,
                               weights=tenant_weights(config.auth.keys),
-                              slots={n: b.slots for n, b in config.backends.items()})
+                              slots={n: b.slots for n, b in config.backends.items()},
+                              quality=quality)
     except ReportError as exc:
         print(f"slotgate report: {exc}", file=sys.stderr)
         return 1
@@ -117,14 +120,16 @@ def _ledger_and_config(config_path: str | None, ledger: str | None) -> tuple[str
     return target, config
 
 
-async def fetch_rows(target: str, where: RowFilter) -> list[LedgerRow]:
-    """The rows of the ledger at `target` that `where` selects."""
+async def fetch_rows(target: str, where: RowFilter,
+                     config: Config) -> tuple[list[LedgerRow], QualityInputs]:
+    """The rows of the ledger at `target` that `where` selects, and the verdicts of their
+    window (of its route, if it names one)."""
     from router.ledger.open import open_store
 
     store = open_store(target)
     try:
         await store.open()
-        return await store.fetch(where)
+        return await store.fetch(where), await load_quality(store, config, where)
     except Exception as exc:
         # The store's driver decides the error classes (sqlite3, asyncpg, OSError); any of
         # them means the same to the user: that ledger cannot be read.

@@ -20,6 +20,8 @@ import orjson
 from router.report.apis import api_html, api_text
 from router.report.batch_tables import batch_html, batch_text
 from router.report.charts import cost_chart, share_chart, wait_chart
+from router.report.quality_tables import CSV_HEADINGS as QUALITY_HEADINGS
+from router.report.quality_tables import quality_csv, quality_html, quality_text
 from router.report.slo_tables import CSV_HEADINGS, slo_csv, slo_html, slo_text
 from router.report.tenant_tables import CSV_HEADINGS as TENANT_HEADINGS
 from router.report.tenant_tables import tenant_csv, tenant_html, tenant_text
@@ -114,31 +116,39 @@ def render_csv(report: dict[str, Any]) -> str:
     of each backend (scope "replica", all arms: arm empty). With TTFT objectives, six more
     (class ... attainment) and a line per class of all arms and of each arm (scope "slo").
     With tenants, six more (tenant ... jain_weighted) and a line per tenant of each backend
-    (scope "tenant", all arms).
+    (scope "tenant", all arms). With verdicts, twelve more (route ... judge_version) and a
+    line per route, intent and language (scope "quality") and per threshold of each route
+    (scope "threshold").
     """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     replicas = [g for g in replica_groups(report) if g[0] == "replica"]
     slo = slo_csv(report)
     tenants = tenant_csv(report)
+    quality = quality_csv(report)
     extra: tuple[str, ...] = ("", "") if replicas else ()
     slo_extra: tuple[str, ...] = ("",) * len(CSV_HEADINGS) if slo else ()
     tenant_extra: tuple[str, ...] = ("",) * len(TENANT_HEADINGS) if tenants else ()
+    tail: tuple[str, ...] = ("",) * len(QUALITY_HEADINGS) if quality else ()
     writer.writerow(("scope", "arm", "backend", *CSV_KEYS, *(("replica", "share") if replicas
                                                              else ()),
-                     *(CSV_HEADINGS if slo else ()), *(TENANT_HEADINGS if tenants else ())))
+                     *(CSV_HEADINGS if slo else ()), *(TENANT_HEADINGS if tenants else ()),
+                     *(QUALITY_HEADINGS if quality else ())))
     for scope, arm, backend, figures in groups(report):
         writer.writerow((scope, arm, backend, *_csv_figures(figures), *extra, *slo_extra,
-                         *tenant_extra))
+                         *tenant_extra, *tail))
     for scope, backend, replica, figures in replicas:
         writer.writerow((scope, "", backend, *_csv_figures(figures), replica, figures["share"],
-                         *slo_extra, *tenant_extra))
+                         *slo_extra, *tenant_extra, *tail))
     for scope, arm, values in slo:
         writer.writerow((scope, arm, "", *[""] * len(CSV_KEYS), *extra, *values,
-                         *tenant_extra))
+                         *tenant_extra, *tail))
     for backend, figures, values in tenants:
         writer.writerow(("tenant", "", backend, *_csv_figures(figures), *extra, *slo_extra,
-                         *values))
+                         *values, *tail))
+    for scope, values in quality:
+        writer.writerow((scope, "", "", *[""] * len(CSV_KEYS), *extra, *slo_extra,
+                         *tenant_extra, *values))
     return buffer.getvalue()
 
 
@@ -155,7 +165,7 @@ def render_text(report: dict[str, Any]) -> str:
             label = {"total": "all arms", "arm": arm, "backend": "  " + backend}[scope]
             lines.append(_text_row(label, [fmt(figures[c.key], c.kind) for c in columns]))
     lines += _text_replicas(report) + api_text(report) + slo_text(report)
-    lines += tenant_text(report) + batch_text(report)
+    lines += tenant_text(report) + batch_text(report) + quality_text(report)
     lines += _text_comparisons(report)
     lines += _text_timeseries(report)
     return "\n".join(lines) + "\n"
@@ -293,6 +303,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(tenants)
     if batch := batch_html(report):
         parts.append(batch)
+    if quality := quality_html(report):
+        parts.append(quality)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
