@@ -10,7 +10,6 @@ are counted apart and left out of every rate. A rate over no verdict is NaN, its
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,8 +116,3 @@ def thresholds(classified: Sequence[tuple[float, float]], rows: Sequence[Verdict
         share = len(moved) / len(classified) if classified else nan
         out.append(Threshold(level, share, verdicts, rate, low, high, fsum(moved)))
     return out
-
-
-def is_known(rate: float) -> bool:
-    """Is a rate defined (not the NaN of no verdict)?"""
-    return not math.isnan(rate)
