@@ -74,13 +74,20 @@ def usage_from_answer(obj: dict[str, Any], usage: Usage) -> None:
         obj.pop("usage", None)
     if usage.known:
         return
-    if isinstance(obj.get("choices"), list):
-        text = "".join(_answer_text(choice) for choice in obj["choices"])
-    elif isinstance(obj.get("output"), list):  # a Responses API answer passed through
-        text = "".join(_output_text(item) for item in obj["output"])
-    else:
+    if not isinstance(obj.get("choices"), list) and not isinstance(obj.get("output"), list):
         return
+    text = answer_text(obj)
     usage.completion_tokens = estimate_tokens(len(text), len(text.encode(errors="replace")))
+
+
+def answer_text(obj: dict[str, Any]) -> str:
+    """A whole answer's text: its choices' (chat, completions) or its output's (a
+    Responses answer passed through)."""
+    if isinstance(obj.get("choices"), list):
+        return "".join(_answer_text(choice) for choice in obj["choices"])
+    if isinstance(obj.get("output"), list):
+        return "".join(_output_text(item) for item in obj["output"])
+    return ""
 
 
 def _output_text(item: object) -> str:

@@ -33,6 +33,7 @@ from router.common.parsed import Endpoint
 from router.common.sse import MAX_EVENT_BYTES, SSE_HEADERS, EventRelay, EventTooLarge
 from router.common.usage import Usage
 from router.upstream.answers import answer_object, opening_of, usage_from_answer
+from router.upstream.capture import Capture, CapturingRelay
 from router.upstream.client import HttpPool
 from router.upstream.client_stream import ClientGone, ClientStream
 from router.upstream.errors import BadResponse, ConnectFailed, ResponseDropped, ResponseTimeout
@@ -115,6 +116,7 @@ class Attempt:
     translation: Translation | None = None
     # The trace context sent in place of the client's (tracing on): traceparent, tracestate.
     trace: dict[str, str] | None = None
+    capture: Capture | None = None  # a sampled answer's copy, for a shadow comparison
 
 
 
@@ -201,8 +203,7 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
                 up, attempt.max_response_bytes, upstream.name))
             done = True
             return whole
-        events: Relay = (EventRelay(attempt.strip_usage, attempt.usage) if attempt.translation
-                         is None else attempt.translation.relay(attempt.usage))
+        events = _relay(attempt)
         chunk = await up.readany()
         attempt.first_byte_at = time.perf_counter()
         if attempt.on_first_byte is not None:
@@ -238,6 +239,14 @@ async def _exchange(attempt: Attempt) -> web.StreamResponse:
             up.release() if done else up.close()
 
 
+def _relay(attempt: Attempt) -> Relay:
+    """A stream's relay: the engine's events passed on (or translated), copied as they
+    pass for a sampled answer."""
+    events: Relay = (EventRelay(attempt.strip_usage, attempt.usage) if attempt.translation
+                     is None else attempt.translation.relay(attempt.usage))
+    return events if attempt.capture is None else CapturingRelay(events, attempt.capture)
+
+
 def _whole(attempt: Attempt, up: Response, raw: bytes) -> WholeAnswer:
     """A whole (non-streamed) answer, read: checked, its usage taken, translated, sent with
     the engine's headers that may be returned and the gateway's own."""
@@ -246,6 +255,8 @@ def _whole(attempt: Attempt, up: Response, raw: bytes) -> WholeAnswer:
         attempt.on_first_byte(attempt.first_byte_at)
     upstream = attempt.upstream
     answer = answer_object(raw, attempt.endpoint, upstream.name)  # the one parse
+    if attempt.capture is not None:
+        attempt.capture.answer = answer
     usage_from_answer(answer, attempt.usage)
     if attempt.translation is not None:
         raw = attempt.translation.answer(answer)
