@@ -13,6 +13,7 @@ from aiohttp import web
 
 from policies.config import SimulatedSpec
 from policies.scheduler.prefix import block_hashes, request_text
+from router.upstream.simulated import judge
 from router.upstream.simulated.embed import embed_plan
 from router.upstream.simulated.engine import FaultMode, SimEngine, error_response
 from router.upstream.simulated.metrics import CONTENT_TYPE, exposition
@@ -78,7 +79,8 @@ def _plan(body: object, chat: bool, default_model: str, block_bytes: int = 0) ->
     usage = isinstance(options, dict) and options.get("include_usage") is True
     blocks = tuple(block_hashes(request_text(body), block_bytes)) if block_bytes else ()
     return Plan(chat, model, body.get("stream") is True, usage, max(1, chars // 4), max_tokens,
-                blocks, tool_call(body) if chat else None, stop=_stops(body.get("stop")))
+                blocks, tool_call(body) if chat else None, stop=_stops(body.get("stop")),
+                says=judge.pick(body) if chat else None)
 
 
 def _embeddings_plan(body: object, default_model: str) -> Plan:

@@ -23,7 +23,7 @@ from router.upstream.simulated import tools
 from router.upstream.simulated.cache import PrefixCache
 from router.upstream.simulated.embed import EmbedPlan, answer
 from router.upstream.simulated.reply import Plan, ending, frames
-from router.upstream.simulated.text import WORD_JSON, WORDS, cut
+from router.upstream.simulated.text import WORD_JSON, WORDS, Stopped, cut
 
 _MAX_RECORDS = 10_000
 # An engine's own stream headers (as vLLM sends them), not the gateway's (router.common.sse).
@@ -274,6 +274,8 @@ class SimEngine:
             n, finish = min(len(parts), plan.max_tokens or len(parts)), "tool_calls"
             finish = "length" if n < len(parts) else finish
         stopped = cut(n, plan.stop) if plan.stop and call is None else None
+        if plan.says is not None:  # a judge's one-word pick
+            stopped = Stopped((plan.says,), "")
         if stopped is not None:
             n, finish = len(stopped.pieces), "stop"
         if stream is not None:

@@ -31,6 +31,7 @@ class Plan:
     tool: ToolCall | None = None  # answer with this tool call (router.upstream.simulated.tools)
     embed: EmbedPlan | None = None  # an embeddings request: one batch, no tokens generated
     stop: tuple[str, ...] = ()  # the request's `stop` strings (router.upstream.simulated.text)
+    says: str | None = None  # a fixed answer (a judge's pick: router.upstream.simulated.judge)
 
 
 def frames(plan: Plan, rid: str, created: int, finish: str, matched: str | None = None
