@@ -37,6 +37,8 @@ from router.console import admin, pages
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
+from router.quality.metrics import ShadowCollector
+from router.quality.shadows import ShadowRunner
 from router.request.auth import Keyring
 from router.server.no_route import add_fallback
 from router.server.runner import GatewayRunner, expect_continue, request_line_limit
@@ -240,6 +242,8 @@ class RunningGateway:
                  "for %d running", limit, self.gateway.running)
         if self.gateway.batch_runner is not None:  # its running lines run again later
             await self.gateway.batch_runner.close()
+        if self.gateway.shadows is not None:  # those waiting are dropped: samples only
+            await self.gateway.shadows.close()
         left = await self.gateway.drain(limit)
         if left:
             log.warning("shutdown: %d requests still running after %g s are cut", left, limit)
@@ -247,23 +251,29 @@ class RunningGateway:
         await self.runner.cleanup()
 
 
-async def start_batches(gw: Gateway, host: str, port: int) -> None:
-    """The batch runner, once the gateway listens: it sends each line to this process."""
-    if gw.jobs is None:
-        return
+async def start_own_work(gw: Gateway, host: str, port: int) -> None:
+    """Once the gateway listens, what it sends to itself in idle slots: the batch jobs'
+    lines (with a ledger) and the shadow comparisons (when a route samples them)."""
     own = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    where = f"[{own}]" if ":" in own else own
+    url = f"http://{f'[{own}]' if ':' in own else own}:{port}"
+
     def primary(model: str) -> SlotPool | None:
         route = gw.config.routes.get(model)
         backend = gw.backends.get(route.primary) if route is not None else None
         return backend.pool if backend is not None else None
 
-    gw.batch_runner = BatchRunner(gw.jobs, f"http://{where}:{port}", gw.keyring.batch_secret,
-                                  lambda: gw.config.batch, primary,
-                                  lambda: [b.pool for b in gw.backends.values()],
-                                  gw.batch_lines.count)
-    await gw.batch_runner.start()
-    gw.metrics.registry.register(BatchCollector(gw.batch_runner, gw.batch_lines))
+    if gw.jobs is not None:
+        gw.batch_runner = BatchRunner(gw.jobs, url, gw.keyring.batch_secret,
+                                      lambda: gw.config.batch, primary,
+                                      lambda: [b.pool for b in gw.backends.values()],
+                                      gw.batch_lines.count)
+        await gw.batch_runner.start()
+        gw.metrics.registry.register(BatchCollector(gw.batch_runner, gw.batch_lines))
+    if any(route.quality.shadow_rate > 0 for route in gw.config.routes.values()):
+        gw.shadows = ShadowRunner(lambda: gw.config, url, gw.keyring.batch_secret, primary,
+                                  gw.ledger.store if gw.ledger is not None else None)
+        await gw.shadows.start()
+        gw.metrics.registry.register(ShadowCollector(gw.shadows))
 
 
 async def start_gateway(config: Config, host: str | None = None, port: int | None = None,
@@ -286,7 +296,7 @@ async def start_gateway(config: Config, host: str | None = None, port: int | Non
     await site.start()
     bound = runner.addresses[0][1]
     url = f"http://{host}:{bound}"
-    await start_batches(app[GATEWAY], host, bound)
+    await start_own_work(app[GATEWAY], host, bound)
     for name, backend in config.backends.items():
         where = "simulated" if backend.simulated is not None else str(backend.url)
         log.info("backend %s: %s, %d slots, queue %d (%g s), model %s", name, where,

@@ -85,6 +85,8 @@ async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
     fold = upstream.config.system_messages is SystemMessages.FOLD
     body = (upstream_body(parsed, upstream.config.model, fold) if not ex.big else  # its dump
             await ex.gw.big_bodies.off_loop(upstream_body, parsed, upstream.config.model, fold))
+    shadows = ex.gw.shadows  # (None unless a route compares downgrades)
+    capture = None if shadows is None else shadows.sample(rec, parsed.endpoint)
     attempt = Attempt(
         ex.request, upstream, parsed.endpoint, body, parsed.stream,
         strip_usage=parsed.stream and not parsed.wants_usage,
@@ -96,7 +98,7 @@ async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
         translation=ex.dialect.translation(parsed, rec.request_id), trace=context,
         usage=bounded_usage(ex.prompt_tokens(), parsed.max_tokens,
                             Capability.VISION in ex.needs().capabilities,
-                            upstream.config.context_window))
+                            upstream.config.context_window), capture=capture)
     # The forecast reads the relay's event count (a stream's); nothing more per event.
     lease.follow(Progress(parsed.max_tokens, attempt.usage if parsed.stream else None))
     failed: str | None = None  # how the attempt failed, for its span
@@ -118,5 +120,7 @@ async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
             rec.phase = Phase.STREAMING
         if attempt.status == 200:  # the backend took the request and began to answer
             count_tokens(rec, parsed, attempt.usage)
+            if capture is not None and rec.phase is Phase.DONE:
+                shadows.keep(rec, parsed.endpoint, parsed.body, capture)  # type: ignore[union-attr]
             if attempt.usage.rejected:
                 ex.gw.metrics.usage_rejected(name)

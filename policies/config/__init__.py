@@ -36,6 +36,7 @@ from policies.config.base import (
     StrictModel,
 )
 from policies.config.batch import BatchConfig
+from policies.config.quality import QualityConfig
 from policies.config.routes import (
     COMPLEX_INTENTS,
     SIMPLE_INTENTS,
@@ -122,6 +123,7 @@ class Config(StrictModel):
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")  # of every price
     ledger: LedgerConfig = LedgerConfig()
     batch: BatchConfig = BatchConfig()  # the Files and Batches APIs (with a ledger)
+    quality: QualityConfig = QualityConfig()  # shadow comparisons (routes' shadow_rate)
     experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
     coordination: CoordinationConfig = CoordinationConfig()
     auth: AuthConfig = AuthConfig()
@@ -144,6 +146,9 @@ class Config(StrictModel):
                 *self._group_problems(),
                 *[(("batch", "backend_max_share", name), f"no backend is named {name!r}")
                   for name in self.batch.backend_max_share if name not in self.backends],
+                *[(("quality", "judge_route"), f"no route is named {judge!r}")
+                  for judge in [self.quality.judge_route]
+                  if judge is not None and judge not in self.routes],
             ]
         ]
         if errors:

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 
 from policies.apis import GENERATIVE_APIS, Api
 from policies.config.base import Loc, Overflow, StrictModel
+from policies.config.quality import RouteQualityConfig
 from policies.config.slo import RouteSloConfig
 
 # The intent classifier's labels; the simple ones may go to a small model.
@@ -71,6 +72,7 @@ class RouteConfig(StrictModel):
     fallback: RouteFallbackConfig = RouteFallbackConfig(when=FallbackWhen.NEVER)
     slo: RouteSloConfig = RouteSloConfig()  # the classes it names override the top level's
     responses: RouteResponsesConfig = RouteResponsesConfig()
+    quality: RouteQualityConfig = RouteQualityConfig()  # shadow comparisons (#33)
 
 
 def cross_check(
