@@ -164,7 +164,7 @@ async def admitted(exchange: Exchange, endpoint: Endpoint) -> web.StreamResponse
                        param="max_tokens")
     rec.route, rec.primary = parsed.model, route.primary
     experiment = gw.experiments.get(parsed.model)
-    if experiment is not None:
+    if experiment is not None and not exchange.batch:  # (batch work runs as configured)
         key = caller.key_id if caller is not None else rec.tenant
         arm = experiment.assign(subject(parsed, key, request))
         rec.experiment, rec.arm, route = arm.experiment, arm.name, arm.route

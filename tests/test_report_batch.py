@@ -126,3 +126,13 @@ async def _write(path: Path, rows: list[LedgerRow]) -> None:
         await store.write(rows)
     finally:
         await store.close()
+
+
+def test_batch_rows_are_in_no_arm_of_an_experiment() -> None:
+    """An experiment's arms compare interactive traffic: a batch line (or a shadow
+    comparison's call) on the route forms no arm of its own, and counts in the total."""
+    rows = [row("a", 0, "on", "big"), row("b", 1, "off", "big"),
+            of("x", 2, None, "big", slot_s=1, batch=True)]
+    report = build_report(rows, resamples=10)
+    assert sorted(report["header"]["arms"]) == ["off", "on"]
+    assert report["total"]["requests"] == 3

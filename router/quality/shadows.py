@@ -84,6 +84,7 @@ class ShadowRunner:
         self.counts: Counter[str] = Counter()  # kept, skipped:<why>, cut, verdict:<v>...
         self.wake = asyncio.Event()
         self.busy: set[str] = set()  # pools a shadow's call is in flight on (one each)
+        self.settled = asyncio.Event()  # none waits and none runs
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._unwatch: list[Callable[[], None]] = []
@@ -155,6 +156,10 @@ class ShadowRunner:
                     running.add(task)
                     task.add_done_callback(running.discard)
             self._watch()
+            if self.pending or self.busy:
+                self.settled.clear()
+            else:
+                self.settled.set()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config().quality.max_wait_s):
                     await self.wake.wait()

@@ -3,8 +3,9 @@
 `build_report` turns ledger rows into one plain, JSON-able dict (str, int, float, None,
 list, dict); `router.report.render` prints it as text, CSV, JSON or an HTML page.
 
-Groups: the whole ledger ("total"), each experiment arm (rows without an arm form the arm
-"(none)"), and each backend within an arm (rows that never got a backend: "(none)").
+Groups: the whole ledger ("total"), each experiment arm (rows without one: "(none)"; batch
+rows, shadows included, are in no arm while an experiment runs), and each backend within an
+arm (rows that never got a backend: "(none)").
 For every group, over its rows:
 
 - served: the row got a backend (`backend is not None`) and status 200.
@@ -28,8 +29,7 @@ requests. Rows of a backend that reached no engine (rejected or timed out in the
 written before the ledger kept the replica) form the replica "(none)". With one engine per
 backend the key is absent, so such a report is the same as before the ledger kept replicas.
 
-Client APIs: "apis" holds each API's figures over all arms when the rows hold more than
-one (router/report/apis.py).
+Client APIs: "apis" (router/report/apis.py), each API's figures, when the rows hold several.
 
 Tenants: "tenants" holds each backend's split between tenants and Jain's fairness index
 over it (router/report/tenants.py), absent when no row has a tenant.
@@ -99,7 +99,8 @@ def build_report(
         raise ValueError("no ledger rows to report on")
     if resamples < 1 or buckets < 1:
         raise ValueError("resamples and buckets must be at least 1")
-    by_arm = _group_by(rows, lambda r: r.arm)
+    by_arm = _group_by([r for r in rows if not r.batch] if any(r.arm for r in rows) else rows,
+                       lambda r: r.arm)
     arms = list(by_arm)
     if baseline is None:
         baseline = arms[0]

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
@@ -24,6 +24,9 @@ from router.common.config_error import ConfigError
 from router.config import DEFAULT_CONFIG_PATH, config_from_dict, load_config
 from router.tools.run import loop_factory
 from router.tools.workload import LoadPlan, Outcome, Stats, load_prompts, run_load
+
+if TYPE_CHECKING:
+    from router.quality.shadows import ShadowRunner
 
 EXPERIMENT = "fallback-ab"
 
@@ -184,12 +187,27 @@ async def _drive(url: str | None, config: Config | None, plan: LoadPlan, out: Te
             assert config is not None
             running = await start_gateway(config, "127.0.0.1", 0)
             url = running.url
-        return await run_load(url, plan, ProgressLine(out), stop, abort)
+        stats = await run_load(url, plan, ProgressLine(out), stop, abort)
+        if running is not None and running.gateway.shadows is not None:
+            await _judged(running.gateway.shadows, out)
+        return stats
     finally:
         if running is not None:
             await running.close()  # flushes the ledger
         with contextlib.suppress(NotImplementedError, ValueError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _judged(shadows: ShadowRunner, out: TextIO, within_s: float = 120.0) -> None:
+    """Let the shadow comparisons of the run's moved requests finish (the slots are idle
+    now), for the report's quality table."""
+    if shadows.settled.is_set():
+        return
+    print(f"judging {len(shadows.pending) + len(shadows.busy)} shadow comparisons "
+          f"(at most {within_s:g} s)", file=out, flush=True)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(within_s):
+            await shadows.settled.wait()
 
 
 def _report(args: argparse.Namespace, ledger: str | None) -> int:
