@@ -142,3 +142,16 @@ async def test_shadows_keep_to_their_bounds(sdk: SdkClients, start: StartGateway
     assert counts["kept"] == 0 and counts["skipped:tokens_per_hour"] == 1
     assert engine(gw).stats()["requests"] == 0
     await assert_idle(gw)
+
+
+async def test_a_gateway_that_stops_cuts_its_shadow_calls(sdk: SdkClients, start: StartGateway,
+                                                          tmp_path: Path) -> None:
+    gw = await start(config(tmp_path, slots=1))
+    big = engine(gw)
+    big.hold()
+    await sdk(gw).chat.completions.create(model="chat", messages=SIMPLE, max_tokens=64)
+    await big.wait_until(lambda e: e.active == 1)  # the replay holds the slot
+    runner = shadows(gw)
+    await gw.close()
+    await big.wait_until(lambda e: e.active == 0 and e.stats()["aborted"] == 1)
+    assert not runner.running and runner.counts["verdict:worse"] == 0

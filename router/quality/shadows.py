@@ -85,6 +85,7 @@ class ShadowRunner:
         self.wake = asyncio.Event()
         self.busy: set[str] = set()  # pools a shadow's call is in flight on (one each)
         self.settled = asyncio.Event()  # none waits and none runs
+        self.running: set[asyncio.Task[None]] = set()  # comparisons under way
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._unwatch: list[Callable[[], None]] = []
@@ -136,14 +137,14 @@ class ShadowRunner:
     async def close(self) -> None:
         for unwatch in self._unwatch:
             unwatch()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [*self.running, *([self._task] if self._task is not None else [])]
+        for task in tasks:  # a call in flight is cut: its slot is released as a client's
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
     async def _loop(self) -> None:
-        running: set[asyncio.Task[None]] = set()
         while True:
             self.wake.clear()
             self._expire()
@@ -153,8 +154,8 @@ class ShadowRunner:
                     self.pending.remove(shadow)
                     self.busy.add(pool.name)
                     task = asyncio.create_task(self._compare(shadow, pool.name))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
+                    self.running.add(task)
+                    task.add_done_callback(self.running.discard)
             self._watch()
             if self.pending or self.busy:
                 self.settled.clear()
