@@ -85,8 +85,9 @@ async def forward_on(ex: Exchange, lease: Lease) -> web.StreamResponse:
     fold = upstream.config.system_messages is SystemMessages.FOLD
     body = (upstream_body(parsed, upstream.config.model, fold) if not ex.big else  # its dump
             await ex.gw.big_bodies.off_loop(upstream_body, parsed, upstream.config.model, fold))
-    shadows = ex.gw.shadows  # (None unless a route compares downgrades)
-    capture = None if shadows is None else shadows.sample(rec, parsed.endpoint)
+    shadows = ex.gw.shadows  # (None unless a route compares downgrades: moved requests)
+    capture = (None if shadows is None or rec.backend == rec.primary
+               else shadows.sample(rec, parsed.endpoint))
     attempt = Attempt(
         ex.request, upstream, parsed.endpoint, body, parsed.stream,
         strip_usage=parsed.stream and not parsed.wants_usage,
