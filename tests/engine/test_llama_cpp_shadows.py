@@ -11,17 +11,16 @@ from pathlib import Path
 from router.quality.verdicts import fetch
 from tests.engine.conftest import Engines
 from tests.engine.gateway import COMPLEX, HELLO, NO_EOS, engine_config, rid
-from tests.engine.test_llama_cpp import Connect
-from tests.support import StartGateway, assert_idle, poll_until
+from tests.support import SdkClients, StartGateway, assert_idle, poll_until
 
 
 async def test_a_moved_request_is_replayed_and_judged_on_the_idle_primary(
-    start: StartGateway, idle: Engines, connect: Connect, tmp_path: Path
+    start: StartGateway, idle: Engines, sdk: SdkClients, tmp_path: Path
 ) -> None:
     raw = engine_config(idle, steer=True, ledger=tmp_path / "ledger.sqlite3")
     raw["routes"]["chat"]["quality"] = {"shadow_rate": 1.0}
     gw = await start(raw)
-    client = connect(gw)
+    client = sdk(gw)
     busy = await client.chat.completions.create(
         model="chat", messages=COMPLEX, max_tokens=400, logit_bias=NO_EOS, stream=True,
         extra_headers={"X-Request-Id": rid("busy")})
