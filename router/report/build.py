@@ -41,11 +41,10 @@ The quality of downgrades: "quality" (router/report/quality.py), given verdicts.
 TTFT objectives: "slo" holds each arm's and each class's attainment (router/report/slo.py
 defines it), absent when no row has an objective.
 
-Quantiles are numpy's "linear" method (Hyndman & Fan type 7, R's default) everywhere,
-inside the bootstrap too. Comparisons of each arm with the baseline arm use a 95 %
-percentile bootstrap: each arm's rows are resampled independently, with a fresh
-`numpy.random.default_rng(seed)` per comparison, so a figure does not depend on which
-other arms are in the ledger.
+Quantiles are numpy's "linear" method (Hyndman & Fan type 7, R's default) everywhere, inside
+the bootstrap too. Comparisons of each arm with the baseline arm use a 95 % percentile
+bootstrap: each arm's rows are resampled independently, with a fresh
+`numpy.random.default_rng(seed)` per comparison, so no figure depends on the other arms.
 """
 
 from __future__ import annotations
