@@ -12,6 +12,9 @@ no key (router.batch.runner's secret): it runs only in a free slot that nobody w
 on the route's primary, and an interactive request takes that slot back at once (a cut
 replay waits for the next idle slot). Nothing of it reaches a client. The answers live in
 memory until the judge has spoken, never logged nor stored.
+
+`slotgate evaluate` drives the same comparison (`judged`) over a prompt file, its calls
+a key's interactive requests (router.quality.evaluation).
 """
 
 from __future__ import annotations
@@ -73,12 +76,22 @@ class Shadow:
 
 
 class ShadowRunner:
-    def __init__(self, config: Callable[[], Config], url: str, secret: str,
-                 pool: Callable[[str], SlotPool | None], store: Store | None) -> None:
-        """`pool`: a route's primary's pool; `store`: the ledger's (None: verdicts are
-        counted, not kept)."""
-        self.config, self.url, self.secret, self.pool, self.store = (
-            config, url, secret, pool, store)
+    def __init__(self, config: Callable[[], Config], url: str, key: str | None,
+                 pool: Callable[[str], SlotPool | None], store: Store | None, *,
+                 own: bool = True) -> None:
+        """`key`: what its calls present. `own`: the process's batch secret, each call the
+        gateway's own batch line of no key (on the route's primary, in a free slot); else
+        an API key or None (`slotgate evaluate`): each call that key's interactive request
+        at the lowest class. `pool`: a route's primary's pool; `store`: the ledger's (None:
+        verdicts are counted, not kept)."""
+        self.config, self.url, self.pool, self.store = config, url, pool, store
+        self.headers = {"Content-Type": "application/json",
+                        "x-slotgate-priority": "sheddable"}
+        if key is not None:
+            self.headers["Authorization"] = f"Bearer {key}"
+        if own:
+            assert key is not None, "the gateway's own calls present its batch secret"
+            self.headers[SECRET_HEADER] = ""
         self.pending: deque[Shadow] = deque()
         self.tokens = HourlyTokens()
         self.counts: Counter[str] = Counter()  # kept, skipped:<why>, cut, verdict:<v>...
@@ -130,9 +143,13 @@ class ShadowRunner:
     # -- the runner -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.open()
+        self._task = asyncio.create_task(self._loop(), name="shadows")
+
+    def open(self) -> None:
+        """The client its calls use (`start` opens it too; `close` closes it)."""
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S))
-        self._task = asyncio.create_task(self._loop(), name="shadows")
 
     async def close(self) -> None:
         for unwatch in self._unwatch:
@@ -196,8 +213,8 @@ class ShadowRunner:
     async def _compare(self, shadow: Shadow, pool: str) -> None:
         """Replay, judge both ways, record; a cut call puts the shadow back in line."""
         try:
-            verdict = await self._judged(shadow)
-        except _Cut:
+            verdict = await self.judged(shadow)
+        except Cut:
             self.counts["cut"] += 1
             self.pending.appendleft(shadow)
             return
@@ -212,16 +229,16 @@ class ShadowRunner:
         if verdict is not None:
             await self._record(shadow, *verdict)
 
-    async def _judged(self, shadow: Shadow) -> tuple[Verdict | None, float] | None:
+    async def judged(self, shadow: Shadow) -> tuple[Verdict | None, float] | None:
         """(the verdict, None if the judge's replies could not be read; the cost the
         downgrade saved); None: the replay failed (an error answer: nothing to compare).
-        Raises _Cut when a call's slot was taken: its progress is kept for the next try."""
+        Raises Cut when a call's slot was taken: its progress is kept for the next try."""
         config, tenant = self.config(), shadow.rec.tenant
         if shadow.primary is None:
             replay = {**shadow.body, "model": shadow.route, "stream": False}
             replay.pop("stream_options", None)
             started = time.monotonic()
-            status, answer = await self._call(shadow.endpoint, replay, tenant)
+            status, answer = await self.call(shadow.endpoint, replay, tenant)
             if status != 200 or not isinstance(answer, dict):
                 self.counts["replay_failed"] += 1
                 return None
@@ -231,7 +248,7 @@ class ShadowRunner:
         orders = ((small, shadow.primary), (shadow.primary, small))
         while len(shadow.picks) < len(orders):
             first, second = orders[len(shadow.picks)]
-            status, said = await self._call("/v1/chat/completions", {
+            status, said = await self.call("/v1/chat/completions", {
                 "model": self._next(shadow), "max_tokens": JUDGE_MAX_TOKENS,
                 "temperature": 0, "messages": judge_messages(question, first, second)}, tenant)
             shadow.picks.append(parse_pick(answer_text(said)) if status == 200
@@ -240,21 +257,21 @@ class ShadowRunner:
         self.counts["verdict:" + (verdict.value if verdict is not None else "none")] += 1
         return verdict, shadow.saved
 
-    async def _call(self, path: str, body: dict[str, Any], tenant: str | None
-                    ) -> tuple[int, Any]:
-        """One call through the gateway's own endpoint, as a batch line of no key."""
+    async def call(self, path: str, body: dict[str, Any], tenant: str | None
+                   ) -> tuple[int, Any]:
+        """One call through the gateway's endpoint, identified by `headers` (the gateway's
+        own batch line of no key, or a key's request). Raises Cut when it was refused for
+        want of a slot or cut for an interactive request."""
         assert self._session is not None
-        headers = {"Authorization": f"Bearer {self.secret}", SECRET_HEADER: "",
-                   "Content-Type": "application/json", "x-slotgate-priority": "sheddable"}
         try:
             async with self._session.post(self.url + path, data=orjson.dumps(body),
-                                          headers=headers) as resp:
+                                          headers=self.headers) as resp:
                 raw = await resp.read()
                 reason = resp.headers.get("x-slotgate-reject-reason")
         except aiohttp.ServerDisconnectedError:  # an interactive request took the slot
-            raise _Cut from None
+            raise Cut from None
         if resp.status in (429, 503) and reason in (None, "queue_full"):
-            raise _Cut
+            raise Cut
         with contextlib.suppress(orjson.JSONDecodeError):
             parsed = orjson.loads(raw)
             usage = parsed.get("usage") if isinstance(parsed, dict) else None
@@ -293,5 +310,6 @@ class ShadowRunner:
             log.exception("shadow %s: its verdict could not be written", rec.request_id)
 
 
-class _Cut(Exception):
-    """An interactive request took the call's slot (or it found none free after all)."""
+class Cut(Exception):
+    """An interactive request took the call's slot (or it found none free after all, or
+    no room in the line of an interactive call)."""
