@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from classifier.text import request_text
 from policies.config import RouteConfig, RouteFallbackConfig
-from policies.scheduler.brevity import lean_simple
+from policies.scheduler.brevity import steering_odds
 from policies.scheduler.objective import Option, qualifies
 from policies.scheduler.steering import Candidate, RequestFacts
 from policies.slots import PoolSnapshot
@@ -92,8 +92,7 @@ def _classify(ex: Exchange, rule: RouteFallbackConfig) -> RequestFacts:
     text = request_text(parsed.body)
     prediction = gw.classifier.predict(text)
     gw.metrics.classifier.observe(time.perf_counter() - began)
-    p_simple = lean_simple(prediction.p_simple(rule.intents), prediction.intent, rule.intents,
-                           parsed.max_tokens, text)  # brevity leans simple
+    p_simple = steering_odds(prediction, rule.intents, parsed.max_tokens, text)
     facts = RequestFacts(prediction.intent, p_simple, ex.prompt_tokens(), parsed.max_tokens,
                          ex.needs().capabilities, parsed.endpoint.api)
     rec.intent, rec.p_simple = facts.intent, round(facts.p_simple, 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from classifier.model import Prediction
 from policies.config import COMPLEX_INTENTS, SIMPLE_INTENTS
 from policies.scheduler.brevity import (
     CUE_RATIO,
@@ -14,6 +15,7 @@ from policies.scheduler.brevity import (
     brevity_ratio,
     has_brevity_cue,
     lean_simple,
+    steering_odds,
 )
 
 ROUTE = frozenset(SIMPLE_INTENTS)
@@ -95,3 +97,13 @@ def test_brevity_never_leans_a_complex_intent(intent: str) -> None:
 def test_brevity_never_leans_an_intent_the_route_keeps_on_its_primary() -> None:
     assert lean_simple(0.5, "translate", frozenset({"greeting"}), 10, "briefly") == 0.5
     assert lean_simple(0.5, "greeting", frozenset({"greeting"}), 10, "briefly") > 0.8
+
+
+def test_steering_odds_are_the_route_intents_share_leaned_by_brevity() -> None:
+    """What steering and `slotgate evaluate` read: the probability of the route's intents."""
+    said = Prediction("greeting", 0.4, {"greeting": 0.4, "translate": 0.2, "code": 0.4})
+    assert steering_odds(said, frozenset({"greeting"}), None, "hello") == pytest.approx(0.4)
+    assert steering_odds(said, ROUTE, None, "hello") == pytest.approx(0.6)
+    assert steering_odds(said, ROUTE, 10, "hello") == pytest.approx(
+        lean_simple(0.6, "greeting", ROUTE, 10, "hello"))
+    assert steering_odds(said, ROUTE, 10, "hello") > 0.6

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from policies.config import SIMPLE_INTENTS
+
+if TYPE_CHECKING:
+    from classifier.model import Prediction
 
 TINY_MAX_TOKENS: Final = 64  # max_tokens at most this: a one-line answer at most
 SHORT_MAX_TOKENS: Final = 256  # ... at most this: a short answer
@@ -66,3 +69,11 @@ def lean_simple(p_simple: float, intent: str, route_intents: Collection[str],
         return p_simple
     leaned = p_simple * ratio / (p_simple * ratio + 1.0 - p_simple)
     return max(p_simple, min(P_MAX, leaned))
+
+
+def steering_odds(prediction: Prediction, route_intents: Collection[str],
+                  max_tokens: int | None, text: str) -> float:
+    """How likely a request is simple, as steering reads it (and `slotgate evaluate`): the
+    classifier's probability of the route's `intents`, leaned by the request's brevity."""
+    return lean_simple(prediction.p_simple(route_intents), prediction.intent, route_intents,
+                       max_tokens, text)
