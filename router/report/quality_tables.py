@@ -69,17 +69,35 @@ def quality_text(report: dict[str, Any]) -> list[str]:
     if not quality:
         return []
     lines = ["", GROUPS_TITLE, *textwrap.wrap(groups_legend(quality), 96),
-             _row("route / intent", GROUP_HEADINGS, _GROUP_WIDTHS)]
+             group_head("route / intent")]
     for route in quality["routes"]:
         lines.append(_clip(route["route"]))
-        lines += [_row("  " + (g["intent"] or "(none)"), group_cells(g), _GROUP_WIDTHS)
+        lines += [group_line("  " + (g["intent"] or "(none)"), g)
                   for g in quality["groups"] if g["route"] == route["route"]]
     for route in quality["routes"]:
         lines += ["", thresholds_title(route), *textwrap.wrap(thresholds_legend(route), 96),
-                  _row("min_confidence", THRESHOLD_HEADINGS, _THRESHOLD_WIDTHS)]
-        lines += [_row(level(t, route), threshold_cells(t), _THRESHOLD_WIDTHS)
-                  for t in route["thresholds"]]
+                  threshold_head()]
+        lines += [threshold_line(t, route) for t in route["thresholds"]]
     return lines
+
+
+def group_head(first: str) -> str:
+    """The text heading of the verdicts' table (`first` over its labels)."""
+    return _row(first, GROUP_HEADINGS, _GROUP_WIDTHS)
+
+
+def group_line(label: str, g: dict[str, Any]) -> str:
+    """One group's text line."""
+    return _row(label, group_cells(g), _GROUP_WIDTHS)
+
+
+def threshold_head() -> str:
+    return _row("min_confidence", THRESHOLD_HEADINGS, _THRESHOLD_WIDTHS)
+
+
+def threshold_line(t: dict[str, Any], route: dict[str, Any]) -> str:
+    """One level's text line (the route's `min_confidence` marked "now")."""
+    return _row(level(t, route), threshold_cells(t), _THRESHOLD_WIDTHS)
 
 
 def quality_html(report: dict[str, Any]) -> str:
