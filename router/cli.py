@@ -1,4 +1,5 @@
-"""The `slotgate` command: serve | demo | simulate | loadtest | report | classifier | config."""
+"""The `slotgate` command: serve | demo | simulate | loadtest | report | evaluate | classifier |
+config."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
                         declare=_loadtest, own_errors=True)
     commands.add_parser("report", help="cost and wait report from the ledger",
                         declare=_report, own_errors=True)
+    commands.add_parser("evaluate", help="qualify a small model offline: a prompt file "
+                        "through it, the primary and the judge", declare=_evaluate,
+                        own_errors=True)
     _add_reload(commands)
     commands.add_parser("classifier", help="train | eval the intent classifier",
                         declare=_classifier, own_errors=True)
@@ -74,6 +78,12 @@ def _loadtest(parser: argparse.ArgumentParser) -> None:
 
 def _report(parser: argparse.ArgumentParser) -> None:
     from router.report.cli import add_arguments
+
+    add_arguments(parser)
+
+
+def _evaluate(parser: argparse.ArgumentParser) -> None:
+    from router.tools.evaluate import add_arguments
 
     add_arguments(parser)
 

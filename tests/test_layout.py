@@ -40,6 +40,8 @@ RUNTIME = {
     ("router.tools.demo", "router.app"),
     ("router.tools.demo", "router.config"),
     ("router.tools.demo_batch", "router.app"),
+    ("router.tools.evaluate", "router.app"),
+    ("router.tools.evaluate", "router.config"),
     ("router.tools.loadtest", "router.app"),
     ("router.tools.loadtest", "router.config"),
     ("router.tools.workers", "router.app"),
