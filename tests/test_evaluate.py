@@ -36,7 +36,7 @@ from router.quality.evaluation import (
 from router.quality.prompt_file import PromptFileError, parse_line, read_prompts
 from router.tools.evaluate import embedded
 from router.tools.evaluate_report import figures, text_lines
-from tests.support import assert_idle, engine, gateway_config, sim_backend
+from tests.support import assert_idle, closed_port, engine, gateway_config, sim_backend
 
 LONG = 24  # the primary's answers, in words
 SHORT = 8  # the small model's
@@ -254,19 +254,23 @@ def test_figures_keep_failures_apart_and_the_threshold_table_to_movable_intents(
 # -- the command -------------------------------------------------------------------------
 
 
-def test_the_command_end_to_end(tmp_path: Path) -> None:
-    slotgate = str(Path(sys.executable).parent / "slotgate")
-    root = str(Path(__file__).resolve().parent.parent)  # this tree's code, not an install's
+def slotgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The `slotgate` program of this environment, running this tree's code."""
+    root = str(Path(__file__).resolve().parent.parent)  # not the tree an install points at
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run([str(Path(sys.executable).parent / "slotgate"), *args],
+                          capture_output=True, text=True, timeout=60, check=False, cwd=cwd,
+                          env=env)
+
+
+def test_the_command_end_to_end(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw_config()))
     prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS)
 
     def command(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([slotgate, "evaluate", *args, "--config", str(config)],
-                              capture_output=True, text=True, timeout=60, check=False,
-                              cwd=tmp_path, env=env)
+        return slotgate(tmp_path, "evaluate", *args, "--config", str(config))
 
     done = command(str(prompts), "--route", "chat", "--json")
     assert done.returncode == 0, done.stderr
@@ -285,3 +289,16 @@ def test_the_command_end_to_end(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "unknown route 'nope'" in unknown.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "bad.jsonl", "config.yaml", "prompts.jsonl"]  # no ledger left behind
+
+
+def test_the_command_says_when_no_gateway_answers(tmp_path: Path) -> None:
+    raw = raw_config()
+    raw["routes"] |= {"big-direct": {"primary": "big"}, "small-direct": {"primary": "small"}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    prompts = write_prompts(tmp_path / "prompts.jsonl", PROMPTS)
+    url = f"http://127.0.0.1:{closed_port()}"
+    done = slotgate(tmp_path, "evaluate", str(prompts), "--route", "chat", "--config",
+                    str(config), "--url", url)
+    assert done.returncode == 1 and done.stderr.startswith(f"slotgate evaluate: {url}: ")
+    assert done.stdout == ""

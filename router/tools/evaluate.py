@@ -92,8 +92,9 @@ def _run(args: argparse.Namespace) -> int:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             results = runner.run(_drive(args.url, key, config, plan, prompts,
                                         args.concurrency, sys.stderr))
-    except (OSError, aiohttp.ClientError) as exc:
-        print(f"slotgate evaluate: {args.url or 'the gateway'}: {exc}", file=sys.stderr)
+    except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+        print(f"slotgate evaluate: {args.url or 'the gateway'}: "
+              f"{exc or type(exc).__name__}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
