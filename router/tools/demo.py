@@ -1,8 +1,7 @@
 """`slotgate demo`: ten people, three slots. N concurrent streams at a gateway, watched live.
 
-Every state shown comes from the gateway's own signals (headers, SSE queue comments, 429s),
-read by a plain aiohttp client because the OpenAI SDKs hide the queue comments.
-Prints states and counts only, never prompts or completions.
+States and counts only, never prompts or completions, all from the gateway's own signals
+(headers, SSE queue comments, 429s) read by aiohttp (the SDKs hide the queue comments).
 """
 
 from __future__ import annotations
