@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from policies.quality.stats import VerdictRow
 from router.config import config_from_dict
 from router.ledger.base import LedgerRow, RowFilter, Store
 from router.ledger.open import open_store
-from router.quality.verdicts import VerdictRecord, record
+from router.quality.verdicts import VerdictRecord, fetch, record
 from router.report.build import build_report
 from router.report.quality import Downgrade, QualityInputs, load, move_saving
 from router.report.quality_tables import GROUPS_TITLE, thresholds_title
@@ -266,3 +267,18 @@ def test_ledger_strings_are_escaped_in_the_page() -> None:
     page = render_html(report)
     assert "<td>&lt;i&gt;</td>" in page and "&lt;chat&gt;" in page
     assert "<i>" not in page and "<chat>" not in page
+
+
+async def test_verdicts_and_their_texts_go_after_the_ledgers_retention(
+        ledger_target: str) -> None:
+    store = open_store(ledger_target)
+    await store.open()
+    try:
+        old, new = VERDICTS[0], VERDICTS[1]
+        await record(store, replace(old, ts=T0, texts=("q", "s", "p")))
+        await record(store, replace(new, ts=T0 + 2 * 86_400, texts=("q2", "s2", "p2")),
+                     retention_days=1)
+        assert [r.ts for r in await fetch(store, None, None)] == [T0 + 2 * 86_400]
+        assert await store.run("SELECT question FROM verdict_texts") == [("q2",)]
+    finally:
+        await store.close()

@@ -155,3 +155,24 @@ async def test_a_gateway_that_stops_cuts_its_shadow_calls(sdk: SdkClients, start
     await gw.close()
     await big.wait_until(lambda e: e.active == 0 and e.stats()["aborted"] == 1)
     assert not runner.running and runner.counts["verdict:worse"] == 0
+
+
+async def test_texts_are_kept_only_when_asked(sdk: SdkClients, start: StartGateway,
+                                              tmp_path: Path) -> None:
+    for keep in (False, True):
+        folder = tmp_path / str(keep)
+        folder.mkdir()
+        gw = await start(config(folder, keep_texts=keep))
+        await sdk(gw).chat.completions.create(model="chat", messages=SIMPLE, max_tokens=64)
+        await judged(gw)
+        ledger = gw.gateway.ledger
+        assert ledger is not None
+        kept = await ledger.store.run("SELECT question, small_answer, primary_answer "
+                                      "FROM verdict_texts")
+        if not keep:
+            assert kept == []
+            continue
+        [(question, small, primary)] = kept
+        assert question == "hi there"
+        assert (len(str(small).split()), len(str(primary).split())) == (SHORT, LONG)
+        await assert_idle(gw)

@@ -23,6 +23,9 @@ class QualityConfig(StrictModel):
     # The route that judges (its primary answers the judge's prompt); None: each route's
     # own primary.
     judge_route: str | None = Field(default=None, min_length=1, max_length=200)
+    # Keep the question and both answers with each verdict (ledger table verdict_texts),
+    # to read what the judge read. Off: they live in memory until the judge has spoken.
+    keep_texts: bool = False
     # Tenants whose requests are never replayed.
     opt_out_tenants: frozenset[str] = Field(default=frozenset(), max_length=10_000)
     # Replays and judgements waiting for an idle slot, in memory; more are skipped.

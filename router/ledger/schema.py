@@ -84,6 +84,12 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
           "primary_backend TEXT NOT NULL, verdict TEXT, judge_version TEXT NOT NULL, "
           "saved DOUBLE PRECISION NOT NULL)",
           "CREATE INDEX verdicts_ts ON verdicts (ts)")),
+    # The texts behind a verdict, kept only with quality.keep_texts (a user's prompt and two
+    # answers): apart from the figures, so that reading a report never reads them.
+    (13, ("CREATE TABLE verdict_texts (verdict_id TEXT PRIMARY KEY, "
+          "ts DOUBLE PRECISION NOT NULL, question TEXT NOT NULL, small_answer TEXT NOT NULL, "
+          "primary_answer TEXT NOT NULL)",
+          "CREATE INDEX verdict_texts_ts ON verdict_texts (ts)")),
 )
 # What each key spent since a time (for budgets, read at startup).
 SPENT = ("SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost) FROM requests "

@@ -11,7 +11,7 @@ Every replay and judgement is the gateway's own work, sent to itself as a batch 
 no key (router.batch.runner's secret): it runs only in a free slot that nobody waits for,
 on the route's primary, and an interactive request takes that slot back at once (a cut
 replay waits for the next idle slot). Nothing of it reaches a client. The answers live in
-memory until the judge has spoken, never logged nor stored.
+memory until the judge has spoken, never logged, and stored only with `quality.keep_texts`.
 
 `slotgate evaluate` drives the same comparison (`judged`) over a prompt file, its calls
 a key's interactive requests (router.quality.evaluation).
@@ -300,12 +300,17 @@ class ShadowRunner:
     async def _record(self, shadow: Shadow, verdict: Verdict | None, saved: float) -> None:
         if self.store is None:
             return
-        rec, route = shadow.rec, self.config().routes.get(shadow.route)
+        config = self.config()
+        rec, route, question = shadow.rec, config.routes.get(shadow.route), request_text(
+            shadow.body)
+        texts = ((question, shadow.capture.text(), shadow.primary or "")
+                 if config.quality.keep_texts else None)
         try:
             await record(self.store, VerdictRecord(
-                rec.request_id, rec.tenant, shadow.route, rec.intent,
-                language(request_text(shadow.body)), rec.p_simple, rec.prompt_tokens or 0,
-                rec.backend or "", route.primary if route else "", verdict, saved))
+                rec.request_id, rec.tenant, shadow.route, rec.intent, language(question),
+                rec.p_simple, rec.prompt_tokens or 0, rec.backend or "",
+                route.primary if route else "", verdict, saved, texts=texts),
+                config.ledger.retention_days)
         except Exception:  # a database blip loses this verdict, not the runner
             log.exception("shadow %s: its verdict could not be written", rec.request_id)
 

@@ -36,16 +36,27 @@ class VerdictRecord:
     verdict: Verdict | None  # None: the judge's reply could not be read
     saved: float  # what the downgrade saved on this request, in the config's currency
     ts: float = field(default_factory=time.time)
+    # The question and both answers (small, primary), kept only with quality.keep_texts.
+    texts: tuple[str, str, str] | None = None
 
 
-async def record(store: Store, verdict: VerdictRecord) -> None:
-    """One verdict, judged by this release's judge (JUDGE_VERSION)."""
-    v = verdict
+async def record(store: Store, verdict: VerdictRecord,
+                 retention_days: float | None = None) -> None:
+    """One verdict, judged by this release's judge (JUDGE_VERSION), and its texts when it
+    carries them; verdicts and texts older than `retention_days` (the ledger's) go."""
+    v, verdict_id = verdict, new_id()
     await store.run(
         f"INSERT INTO verdicts ({_FIELDS}) VALUES ({', '.join('?' * 14)})",
-        (new_id(), v.ts, v.request_id, v.tenant, v.route, v.intent, v.language, v.p_simple,
+        (verdict_id, v.ts, v.request_id, v.tenant, v.route, v.intent, v.language, v.p_simple,
          v.prompt_tokens, v.small_backend, v.primary_backend,
          None if v.verdict is None else v.verdict.value, JUDGE_VERSION, v.saved))
+    if v.texts is not None:
+        await store.run("INSERT INTO verdict_texts (verdict_id, ts, question, small_answer, "
+                        "primary_answer) VALUES (?, ?, ?, ?, ?)", (verdict_id, v.ts, *v.texts))
+    if retention_days is not None:
+        before = v.ts - retention_days * 86_400
+        for table in ("verdicts", "verdict_texts"):
+            await store.run(f"DELETE FROM {table} WHERE ts < ?", (before,))
 
 
 async def fetch(store: Store, since: float | None, until: float | None,
