@@ -325,9 +325,10 @@ async def serve(ex: Exchange, lease: Lease) -> web.StreamResponse:
         backend.series.held(held_s)
         if work:
             unplaced(backend, lease, work)
-        backend.clock.observe(answered(rec, held_s, parsed.max_tokens,  # before the
-                                       parsed.endpoint.api in GENERATIVE_APIS),  # forecasts
-                              rec.replica)  # (a group's replicas each learn their own)
+        if not ex.batch:  # (batch work, shadows included, is cut at will: no interactive
+            backend.clock.observe(answered(  # request waits for it; it teaches nothing)
+                rec, held_s, parsed.max_tokens, parsed.endpoint.api in GENERATIVE_APIS),
+                rec.replica)  # before the forecasts (a group's replicas learn their own)
         if rec.completion_tokens is not None:  # what a fair line charges its tenant
             lease.charge(rec.completion_tokens)
         await lease.release()

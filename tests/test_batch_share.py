@@ -125,3 +125,21 @@ async def test_a_backend_with_no_line_still_takes_a_batch_lines_slot_back(
     assert (await asked).choices[0].message.content
     assert (await ended(alice, job.id)).request_counts.completed == 2
     await assert_idle(gw)
+
+
+async def test_batch_lines_teach_the_wait_forecasts_nothing(
+        sdk: SdkClients, start: StartGateway, tmp_path: Path) -> None:
+    """A batch line is cut whenever an interactive request would wait, so no interactive
+    request ever waits for one: its hold (short, cut, or a judge's one word) is not a
+    sample of how long a slot is held."""
+    raw = config(tmp_path)
+    raw["backends"]["big"]["initial_hold_s"] = 7.0
+    gw: RunningGateway = await start(raw)
+    alice = sdk(gw, api_key=KEYS["alice"])
+    clock = gw.gateway.backends["big"].clock
+    job = await submit(alice, jsonl(*(line(f"q{i}") for i in range(3))))
+    assert (await ended(alice, job.id)).request_counts.completed == 3
+    assert clock.holds.mean_s == 7.0  # as configured: nothing learned
+    await alice.chat.completions.create(**ASK)
+    assert clock.holds.mean_s < 7.0  # an interactive request's hold is learned
+    await assert_idle(gw)
