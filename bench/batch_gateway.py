@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,12 @@ class BenchGateway:
     auth: bool
 
     @classmethod
-    async def start(cls, folder: Path, name: str, auth: bool) -> BenchGateway:
+    async def start(cls, folder: Path, name: str, auth: bool,
+                    edit: Callable[[dict[str, Any]], None] | None = None) -> BenchGateway:
+        """`edit`: changes to the bench's config before the gateway is made of it."""
         raw = bench_config(folder, name, auth)
+        if edit is not None:
+            edit(raw)
         running = await start_gateway(config_from_dict(raw), "127.0.0.1", 0)
         gw = cls(name, running, Path(raw["ledger"]["path"]), auth)
         gw.engine.records = KeptRecords(gw.engine.records)

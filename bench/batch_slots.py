@@ -1,15 +1,17 @@
 """Slot-seconds of the 70B over a window, split between interactive requests and batch
 lines, two ways that should agree: from the simulated engine's own records (each
 request's [start, end] on the engine) and from the gateway's ledger rows (each request's
-slot time, ending where its total time ends). Batch lines are known by their request id
-(`<job id>-<line>`); a line cut to give its slot back counts as batch time too, and is
-shown apart as the work thrown away.
+slot time, ending where its total time ends). Batch lines are known on the engine by
+their request id (`<job id>-<line>`, or another test of it), in the ledger by its batch
+mark (the gateway's own work of no key, shadow comparisons included, is marked so too); a
+line cut to give its slot back counts as batch time too, and is shown apart as the work
+thrown away.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,14 +57,19 @@ class SlotSeconds:
         return (self.batch - self.cut) / self.idle if self.idle > 0 else float("nan")
 
 
-def from_engine(records: Iterable[SimRecord], window: Window, slots: int,
-                now: float) -> SlotSeconds:
+def is_batch_line(request_id: str) -> bool:
+    return request_id.startswith(BATCH_PREFIX)
+
+
+def from_engine(records: Iterable[SimRecord], window: Window, slots: int, now: float,
+                batch_id: Callable[[str], bool] = is_batch_line) -> SlotSeconds:
     """Each engine request's time between its arrival there and its end (one still
-    running counts to `now`), clipped to the window."""
+    running counts to `now`), clipped to the window; `batch_id(request_id)`: whether it
+    is the batch's."""
     interactive = batch = cut = 0.0
     for rec in records:
         held = window.overlap(rec.started_at, rec.ended_at if rec.ended_at else now)
-        if rec.request_id.startswith(BATCH_PREFIX):
+        if batch_id(rec.request_id):
             batch += held
             cut += held if rec.aborted else 0.0
         else:
@@ -79,22 +86,19 @@ class Row:
     slot_end: float
     queue_wait_s: float
     status: int
-
-    @property
-    def batch(self) -> bool:
-        return self.request_id.startswith(BATCH_PREFIX)
+    batch: bool  # the ledger's mark: a batch line, or the gateway's own work of no key
 
 
 def ledger_rows(path: Path, window: Window, backend: str) -> list[Row]:
     """Each row's slot time, taken to end where the request ended (`ts` + total time)."""
     with sqlite3.connect(path) as db:
-        found = db.execute("SELECT request_id, ts, total_ms, slot_ms, queue_wait_ms, status "
-                           "FROM requests WHERE backend = ?", (backend,)).fetchall()
+        found = db.execute("SELECT request_id, ts, total_ms, slot_ms, queue_wait_ms, status, "
+                           "batch FROM requests WHERE backend = ?", (backend,)).fetchall()
     rows = []
-    for request_id, ts, total_ms, slot_ms, queue_wait_ms, status in found:
+    for request_id, ts, total_ms, slot_ms, queue_wait_ms, status, batch in found:
         end = ts - window.unix_start + window.start + total_ms / 1000
         rows.append(Row(str(request_id), end - slot_ms / 1000, end, queue_wait_ms / 1000,
-                        int(status)))
+                        int(status), bool(batch)))
     return rows
 
 

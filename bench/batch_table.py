@@ -95,7 +95,8 @@ def _slots(r: Results) -> list[str]:
              "ledger: each row's",
              "  slot time, ending where its total time ends; both clipped to the window. "
              "Idle = slots x window",
-             "  - interactive; batch lines are known by their request id (<job>-<line>).",
+             "  - interactive; batch lines are known by their request id (<job>-<line>) on the",
+             "  engine, by the ledger's batch mark in the ledger.",
              ""]
     return rows
 
