@@ -51,6 +51,13 @@ BATCH_ARGS ?=
 bench-batch: $(STAMP)
 	PYTHONPATH=. $(BIN)/python bench/batch_share.py $(BATCH_ARGS)
 
+# #33's target: interactive traffic at 0.8x of config.yaml's 70B with shadow comparisons on
+# (shadow_rate 1.0) and off, ~3 minutes; SHADOW_ARGS=--quick for ~40 s, --pairs N, --seed N.
+.PHONY: bench-shadows
+SHADOW_ARGS ?=
+bench-shadows: $(STAMP)
+	PYTHONPATH=. $(BIN)/python bench/shadow_share.py $(SHADOW_ARGS)
+
 # A real engine for tests/engine: llama.cpp's server and a small GGUF model, in a venv of
 # their own so that `make test` never needs them. The model and the built wheel are kept
 # in SLOTGATE_ENGINE_CACHE across runs and checkouts.

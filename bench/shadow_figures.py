@@ -124,6 +124,22 @@ def shadow_calls(records: Iterable[SimRecord]) -> Calls:
     return Calls(counts[0], counts[1], counts[2], held[0], held[1], held[2])
 
 
+def preemptors(records: Iterable[SimRecord], within_s: float) -> set[str]:
+    """The bench's requests that took a cut shadow call's slot: for each cut call, the
+    request that started on the engine nearest its end, within `within_s`."""
+    records = list(records)
+    mine = [r for r in records if not is_shadow(r.request_id)]
+    out = set()
+    for cut in records:
+        if not (is_shadow(cut.request_id) and cut.aborted and cut.ended_at is not None):
+            continue
+        end = cut.ended_at
+        near = min(mine, key=lambda r: abs(r.started_at - end), default=None)
+        if near is not None and abs(near.started_at - end) <= within_s:
+            out.add(near.request_id)
+    return out
+
+
 def waited_beside_shadow(rows: Iterable[Row], tolerance_s: float) -> int:
     """Interactive requests that waited in line longer than `tolerance_s` (a hand-off's
     cost) while a shadow's call held a slot: a slot the shadow should have given back."""
@@ -169,6 +185,7 @@ class Measured:
     slots: SlotSeconds  # of the 70B over the window, shadows on: engine
     calls: Calls
     preempted: int  # shadow calls cut for an interactive request, whole run
+    preemptors: set[str]  # the interactive requests that took their slots (engine)
     # From the ledgers, once the gateways have closed
     moved: tuple[int, int] = (0, 0)  # by the classifier in the window: off, on
     verdicts_kept: dict[str, int] = field(default_factory=dict)

@@ -35,6 +35,7 @@ from shadow_figures import (
     drain,
     is_shadow,
     moved,
+    preemptors,
     scrape,
     shadow_calls,
     verdicts_kept,
@@ -127,7 +128,7 @@ async def measure(pair: Pair, streams: tuple[list[Stream], list[Stream]], window
     simple = sum(a.body["messages"][0]["content"] in SIMPLE for a in pair.arrivals)
     return Measured(streams[0], streams[1], simple, counts,
                     from_engine(records, window, engine.slots, time.monotonic(), is_shadow),
-                    shadow_calls(records), pair.on.preempted())
+                    shadow_calls(records), pair.on.preempted(), preemptors(records, HAND_OFF_S))
 
 
 def read_ledgers(m: Measured, pair: Pair, window: Window, slots: int) -> None:

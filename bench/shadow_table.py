@@ -86,7 +86,8 @@ def _paired(r: Results) -> list[str]:
     """Each request against itself: the streams that ran on the same backend in both."""
     off, on = _streams(r)
     by_id = {s.request_id: s for s in off}
-    deltas, apart = [], 0
+    deltas: dict[str, float] = {}
+    apart = 0
     for s in on:
         twin = by_id.get(s.request_id)
         if twin is None or s.ttft_s is None or twin.ttft_s is None:
@@ -94,13 +95,21 @@ def _paired(r: Results) -> list[str]:
         if s.backend != twin.backend:
             apart += 1
             continue
-        deltas.append((s.ttft_s - twin.ttft_s) * 1000)
+        deltas[s.request_id] = (s.ttft_s - twin.ttft_s) * 1000
     if not deltas:
         return ["  paired: no request ran on the same backend in both"]
+    took = [deltas[i] for m in r.pairs for i in m.preemptors if i in deltas]
     return [f"  paired, on - off, the same request on the same backend ({len(deltas)}; "
             f"{apart} ran on different ones):",
-            f"    TTFT difference p50 {percentile(deltas, 50):+.1f} ms, p95 "
-            f"{percentile(deltas, 95):+.1f} ms, max {max(deltas):+.1f} ms"]
+            f"    TTFT difference {_spread(list(deltas.values()))}",
+            f"    of those that took a cut shadow call's slot ({len(took)}): {_spread(took)}"]
+
+
+def _spread(ms: list[float]) -> str:
+    if not ms:
+        return "-"
+    return (f"p50 {percentile(ms, 50):+.1f} ms, p95 {percentile(ms, 95):+.1f} ms, "
+            f"max {max(ms):+.1f} ms")
 
 
 def _shadows(r: Results) -> list[str]:
