@@ -1,6 +1,7 @@
 """Interactive traffic of the batch bench: streamed chat requests read as a client reads
-them (time to first token, where they ran, the gateway's queue wait, a refusal), and a
-Poisson schedule of them that two gateways can be given alike.
+them (time to first token, where they ran, the gateway's queue wait and the wait it
+forecast first, a refusal), and a Poisson schedule of them that two gateways can be given
+alike.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Stream:
     ttft_s: float | None = None  # to the first chunk of the answer
     backend: str | None = None
     queue_wait_ms: float | None = None  # the gateway's, from its `start` event
+    eta_s: float | None = None  # the wait the gateway forecast in its first queue_status
 
     @property
     def refused(self) -> bool:
@@ -94,6 +96,8 @@ async def _read(content: aiohttp.StreamReader, out: Stream) -> None:
         if event == b"start":
             started = orjson.loads(data)
             out.backend, out.queue_wait_ms = started["backend"], started["queue_wait_ms"]
+        elif event == b"queue_status" and out.eta_s is None:
+            out.eta_s = orjson.loads(data).get("eta_s")
         elif data.startswith(b'{"error"'):
             out.error = _code(data) or "error"
         elif event == b"" and data != b"[DONE]" and out.ttft_s is None:

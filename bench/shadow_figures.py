@@ -21,6 +21,7 @@ import aiohttp
 from batch_slots import Row, SlotSeconds, Window
 from batch_traffic import Stream
 from prometheus_client.parser import text_string_to_metric_families
+from shadow_clock import Holds
 
 from router.quality.shadows import JUDGE_MAX_TOKENS, ShadowRunner
 from router.upstream.simulated.engine import SimRecord
@@ -180,6 +181,7 @@ class Measured:
 
     off: list[Stream]  # the streams of the gateway without shadows
     on: list[Stream]  # and of the one with them
+    holds: tuple[Holds, Holds]  # their 70B's hold models through the traffic: off, on
     simple: int  # prompts of the schedule that were the demo's simple ones
     counts: Counts
     slots: SlotSeconds  # of the 70B over the window, shadows on: engine

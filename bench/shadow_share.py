@@ -30,6 +30,7 @@ from batch_gateway import PRIMARY, BenchGateway, Engine70B, default_raw
 from batch_slots import Window, from_engine, from_ledger, ledger_rows
 from batch_slots import taken_while_waiting as shadow_took_slot
 from batch_traffic import Arrival, Stream, new_session, poisson, run_schedule
+from shadow_clock import Holds, sample
 from shadow_figures import (
     Measured,
     drain,
@@ -41,7 +42,7 @@ from shadow_figures import (
     verdicts_kept,
     waited_beside_shadow,
 )
-from shadow_table import print_table
+from shadow_table import HAND_OFF_S, print_table
 
 from router.quality.shadows import ShadowRunner
 from router.tools.demo import HARD, SIMPLE
@@ -49,7 +50,7 @@ from router.tools.demo import HARD, SIMPLE
 LOAD = 0.8  # of the 70B's capacity
 PROMPTS = SIMPLE + HARD * 2  # a third simple
 SHADOW_RATE = 1.0
-HAND_OFF_S = 0.05  # a wait this short beside a shadow is the preemption's hand-off
+Traffic = tuple[list[Stream], list[Stream], tuple[Holds, Holds]]  # shadows off, on
 
 
 @dataclass(frozen=True)
@@ -100,12 +101,14 @@ class Pair:
         assert runner is not None
         return runner
 
-    async def traffic(self, start: float) -> tuple[list[Stream], list[Stream]]:
+    async def traffic(self, start: float, end: float) -> Traffic:
+        """The arrivals to both at once, their clocks sampled until `end`."""
         async with new_session() as a, new_session() as b:
-            off, on = await asyncio.gather(
+            off, on, holds = await asyncio.gather(
                 run_schedule(a, self.off.url, self.arrivals, start, self.off.headers),
-                run_schedule(b, self.on.url, self.arrivals, start, self.on.headers))
-        return off, on
+                run_schedule(b, self.on.url, self.arrivals, start, self.on.headers),
+                sample(self.off, self.on, end))
+        return off, on, holds
 
     async def close(self) -> None:
         await self.on.close()
@@ -119,14 +122,14 @@ def arrivals(n: int, rate: float, scale: Scale, seed: int, engine: Engine70B
             poisson(rate, scale.window_s, seed + n, PRIMARY, engine.length, PROMPTS)]
 
 
-async def measure(pair: Pair, streams: tuple[list[Stream], list[Stream]], window: Window,
-                  engine: Engine70B) -> Measured:
+async def measure(pair: Pair, traffic: Traffic, window: Window, engine: Engine70B
+                  ) -> Measured:
     """What the pair's shadow gateway did (its engine and /metrics: while it runs)."""
     async with new_session() as http:
         counts = await scrape(http, pair.on.url)
     records = pair.on.records()
     simple = sum(a.body["messages"][0]["content"] in SIMPLE for a in pair.arrivals)
-    return Measured(streams[0], streams[1], simple, counts,
+    return Measured(traffic[0], traffic[1], traffic[2], simple, counts,
                     from_engine(records, window, engine.slots, time.monotonic(), is_shadow),
                     shadow_calls(records), pair.on.preempted(), preemptors(records, HAND_OFF_S))
 
@@ -153,7 +156,7 @@ async def run(scale: Scale, seed: int, count: int) -> Results:
                                                                      engine)))
             start = time.monotonic() + 0.2
             window = Window(start, start + scale.window_s, time.time() + 0.2)
-            streams = await asyncio.gather(*(p.traffic(start) for p in pairs))
+            streams = await asyncio.gather(*(p.traffic(start, window.end) for p in pairs))
             drained = max(await asyncio.gather(*(drain(p.runner, scale.drain_s)
                                                  for p in pairs)))
             measured = [await measure(p, s, window, engine)
