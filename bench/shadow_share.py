@@ -59,7 +59,7 @@ class Scale:
     drain_s: float  # the most the bench waits for the shadows left after the traffic
 
 
-FULL = Scale(window_s=130.0, drain_s=25.0)
+FULL = Scale(window_s=130.0, drain_s=40.0)
 QUICK = Scale(window_s=24.0, drain_s=8.0)
 
 
