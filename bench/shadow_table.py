@@ -184,7 +184,8 @@ def _clock(r: Results) -> list[str]:
     on = sum((m.holds[1] for m in r.pairs), Holds())
     errors = [eta_errors(side, HAND_OFF_S) for side in _streams(r)]
     width = 44
-    rows = [f"{PRIMARY + ' clock, read each second of the window':<{width}}"
+    title = f"{PRIMARY}'s hold model, each second"
+    rows = [f"{title:<{width}}"
             f"{'shadows off':>12}{'shadows on':>12}{'ratio':>8}",
             _row("  mean hold its wait forecasts use (s)", _mean(off.forecast),
                  _mean(on.forecast), ".2f"),
