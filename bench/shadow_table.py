@@ -197,7 +197,7 @@ def _clock(r: Results) -> list[str]:
                          "+.2f", ratio=False))
     rows += ["  a shadow's call settles as any request: its hold (a judgement's few tokens, "
              "a call cut",
-             "  at an interactive arrival) is one more sample of the 70B's holds.", ""]
+             "  at an interactive arrival) is one more sample of the 70B's holds."]
     return rows
 
 
