@@ -195,9 +195,9 @@ def _clock(r: Results) -> list[str]:
     for label, q in (("p50", 50), ("p5 (the most optimistic)", 5)):
         rows.append(_row(f"    {label}", percentile(errors[0], q), percentile(errors[1], q),
                          "+.2f", ratio=False))
-    rows += ["  a shadow's call settles as any request: its hold (a judgement's few tokens, "
-             "a call cut",
-             "  at an interactive arrival) is one more sample of the 70B's holds."]
+    rows += ["  a shadow's call teaches the hold model nothing (no interactive request waits "
+             "for one):",
+             "  the two gateways' models should read alike."]
     return rows
 
 
