@@ -211,9 +211,12 @@ class ShadowRunner:
             self.counts["skipped:waited_too_long"] += 1
 
     async def _compare(self, shadow: Shadow, pool: str) -> None:
-        """Replay, judge both ways, record; a cut call puts the shadow back in line."""
+        """Replay, judge both ways, record; a cut call puts the shadow back in line. The
+        pool counts as busy until the verdict is written (`settled` then means recorded)."""
         try:
             verdict = await self.judged(shadow)
+            if verdict is not None:
+                await self._record(shadow, *verdict)
         except Cut:
             self.counts["cut"] += 1
             self.pending.appendleft(shadow)
@@ -226,8 +229,6 @@ class ShadowRunner:
         finally:
             self.busy.discard(pool)
             self.wake.set()
-        if verdict is not None:
-            await self._record(shadow, *verdict)
 
     async def judged(self, shadow: Shadow) -> tuple[Verdict | None, float] | None:
         """(the verdict, None if the judge's replies could not be read; the cost the
