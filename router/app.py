@@ -34,6 +34,7 @@ from router.batch.runner import BatchRunner
 from router.common.errors import ApiError
 from router.common.parsed import Endpoint
 from router.console import admin, pages
+from router.fleet.signals import FleetCollector, FleetSignals
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
 from router.ledger.open import open_ledger
@@ -244,6 +245,8 @@ class RunningGateway:
             await self.gateway.batch_runner.close()
         if self.gateway.shadows is not None:  # those waiting are dropped: samples only
             await self.gateway.shadows.close()
+        if self.gateway.fleet is not None:
+            await self.gateway.fleet.close()
         left = await self.gateway.drain(limit)
         if left:
             log.warning("shutdown: %d requests still running after %g s are cut", left, limit)
@@ -269,11 +272,26 @@ async def start_own_work(gw: Gateway, host: str, port: int) -> None:
                                       gw.batch_lines.count)
         await gw.batch_runner.start()
         gw.metrics.registry.register(BatchCollector(gw.batch_runner, gw.batch_lines))
+    start_fleet(gw)
     if any(route.quality.shadow_rate > 0 for route in gw.config.routes.values()):
         gw.shadows = ShadowRunner(lambda: gw.config, url, gw.keyring.batch_secret, primary,
                                   gw.ledger.store if gw.ledger is not None else None)
         await gw.shadows.start()
         gw.metrics.registry.register(ShadowCollector(gw.shadows))
+
+
+def start_fleet(gw: Gateway) -> None:
+    """The desired replica counts, when some backend has `scaling` (docs/autoscaling.md)."""
+    if not any(b.scaling is not None for b in gw.config.backends.values()):
+        return
+    holding = gw.metrics.holding
+    gw.fleet = FleetSignals(
+        lambda: gw.config, lambda name: sum(holding.series((name,))[:-1]),
+        lambda name: gw.backends[name].clock.holds.mean_s,
+        lambda name: gw.backends[name].pool.queued,
+        lambda name: sum(not r.retired for r in gw.backends[name].replicas.values()))
+    gw.fleet.start()
+    gw.metrics.registry.register(FleetCollector(gw.fleet))
 
 
 async def start_gateway(config: Config, host: str | None = None, port: int | None = None,

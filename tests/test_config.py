@@ -67,7 +67,7 @@ EXPECTED = [
     ("server.retry_after_max_s", 4, "retry_after_min_s"),
     ("colour", 5,
      "unknown key (allowed: server, logging, backends, routes, currency, ledger, batch, "
-     "quality, experiments, coordination, auth, slo, tracing)"),
+     "quality, fleet, experiments, coordination, auth, slo, tracing)"),
     ("backends.big.slots", 10, "greater than or equal to 1"),
     ("backends.big.flavour", 11, "unknown key"),
     ("backends.both", 12, "exactly one of 'url' or 'simulated'"),

@@ -36,6 +36,7 @@ from policies.config.base import (
     StrictModel,
 )
 from policies.config.batch import BatchConfig
+from policies.config.fleet import FleetConfig
 from policies.config.quality import QualityConfig
 from policies.config.routes import (
     COMPLEX_INTENTS,
@@ -124,6 +125,7 @@ class Config(StrictModel):
     ledger: LedgerConfig = LedgerConfig()
     batch: BatchConfig = BatchConfig()  # the Files and Batches APIs (with a ledger)
     quality: QualityConfig = QualityConfig()  # shadow comparisons (routes' shadow_rate)
+    fleet: FleetConfig = FleetConfig()  # the backends' desired replica counts (scaling)
     experiments: dict[str, ExperimentConfig] = Field(default_factory=dict)
     coordination: CoordinationConfig = CoordinationConfig()
     auth: AuthConfig = AuthConfig()

@@ -13,6 +13,7 @@ from pydantic import Field, HttpUrl, field_validator, model_validator
 
 from policies.apis import DEFAULT_APIS, SIMULATED_APIS, Api
 from policies.config.base import PositiveSeconds, StrictModel
+from policies.config.fleet import BackendScalingConfig
 from policies.scheduler.capabilities import Ability, Capability
 from policies.scheduler.pick import EPSILON, PickMode
 from policies.scheduler.prefix import BLOCK_BYTES
@@ -192,6 +193,8 @@ class BackendConfig(StrictModel):
     # For engines whose chat template takes one system message, at the start only.
     system_messages: SystemMessages = SystemMessages.KEEP
     price: PriceConfig | None = None  # None: the ledger counts this backend as free
+    # The desired replica count computed for an autoscaler (None: none computed).
+    scaling: BackendScalingConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

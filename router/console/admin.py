@@ -18,6 +18,22 @@ _MAX_TEXT = 256
 def setup(app: web.Application) -> None:
     app.router.add_get("/admin/report", report)
     app.router.add_post("/admin/reload", reload)
+    app.router.add_get("/admin/scaling", scaling)
+
+
+async def scaling(request: web.Request) -> web.Response:
+    """Each scaled backend's desired replica count and what it was computed from (KEDA's
+    metrics-api scaler reads `backends.<name>.desired`): docs/autoscaling.md."""
+    gw = request.app[GATEWAY]
+    try:
+        admin(request)
+        if gw.fleet is None:
+            raise ApiError(404, "No backend has `scaling` in the config.",
+                           code="scaling_disabled")
+    except ApiError as err:
+        return err.response()
+    return web.Response(body=orjson.dumps(gw.fleet.as_json()),
+                        content_type="application/json")
 
 
 async def reload(request: web.Request) -> web.Response:

@@ -1,0 +1,121 @@
+"""The desired replica count of each backend with `scaling` (#34), computed every
+`fleet.refresh_s` from what the gateway holds: the requests that let a slot go since the
+last look (their rate), the clock's mean hold, the line, and the `standard` class's time to
+first token (policies/fleet/desired.py). Read by `slotgate_desired_replicas` and by
+`GET /admin/scaling`, which KEDA's metrics-api scaler polls. Nothing on the request path:
+a background task reads counters the requests already keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from policies.config import Config, Priority
+from policies.fleet.desired import Bounds, Demand, DesiredReplicas
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What one backend's count was computed from, at one look."""
+
+    demand: Demand
+    desired: int
+    replicas: int  # configured now (a group's endpoints)
+    at: float  # unix seconds
+
+
+class FleetSignals:
+    def __init__(self, config: Callable[[], Config], released: Callable[[str], float],
+                 hold_s: Callable[[str], float], queued: Callable[[str], int],
+                 replicas: Callable[[str], int]) -> None:
+        """`released`: a backend's count of slots let go so far; `hold_s`: its clock's
+        mean hold; `queued`: its line now; `replicas`: its endpoints now."""
+        self.config, self.released, self.hold_s = config, released, hold_s
+        self.queued, self.replicas = queued, replicas
+        self.desired: dict[str, DesiredReplicas] = {}
+        self.readings: dict[str, Reading] = {}
+        self._seen: dict[str, tuple[float, float]] = {}  # backend -> (monotonic, released)
+        self.looked = asyncio.Event()  # set after each look (for whoever waits on one)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.look()  # the counts exist from the start
+        self._task = asyncio.create_task(self._loop(), name="fleet-signals")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config().fleet.refresh_s)
+            self.look()
+
+    def look(self) -> None:
+        """Compute every scaled backend's count now."""
+        config, now = self.config(), time.monotonic()
+        objective = config.slo.of(Priority.STANDARD).ttft_s
+        for name, backend in config.backends.items():
+            scaling = backend.scaling
+            if scaling is None:
+                continue
+            replicas = max(1, self.replicas(name))
+            bounds = Bounds(max(1, backend.slots // replicas), scaling.floor, scaling.ceiling,
+                            scaling.utilization, scaling.cooldown_s)
+            desired = self.desired.get(name)
+            if desired is None or desired.bounds != bounds:
+                desired = self.desired[name] = _carried(bounds, desired)
+            released = self.released(name)
+            then, before = self._seen.get(name, (now, released))
+            self._seen[name] = (now, released)
+            rate = (released - before) / (now - then) if now > then else 0.0
+            demand = Demand(rate, self.hold_s(name), self.queued(name), objective)
+            self.readings[name] = Reading(demand, desired.update(now, demand),
+                                          self.replicas(name), time.time())
+        self.looked.set()
+        self.looked = asyncio.Event()
+
+    def as_json(self) -> dict[str, Any]:
+        """`GET /admin/scaling`: per backend, the count and what it was computed from."""
+        return {"backends": {name: {
+            "desired": r.desired, "replicas": r.replicas, "rate": round(r.demand.rate, 4),
+            "mean_hold_s": round(r.demand.mean_hold_s, 4), "queued": r.demand.queued,
+            "objective_s": r.demand.objective_s, "at": r.at} for name, r in
+            self.readings.items()}}
+
+
+def _carried(bounds: Bounds, old: DesiredReplicas | None) -> DesiredReplicas:
+    """A backend's count under new bounds (a reload), starting from the count it had."""
+    fresh = DesiredReplicas(bounds)
+    if old is not None:
+        fresh.current = min(bounds.ceiling, max(bounds.floor, old.current))
+    return fresh
+
+
+class FleetCollector(Collector):
+    def __init__(self, signals: FleetSignals) -> None:
+        self.signals = signals
+
+    def collect(self) -> Iterator[Metric]:
+        readings: Mapping[str, Reading] = self.signals.readings
+        desired = GaugeMetricFamily(
+            "slotgate_desired_replicas", "Replicas each scaled backend wants, from its "
+            "arrivals, mean hold, line and objective (docs/autoscaling.md)",
+            labels=["backend"])
+        replicas = GaugeMetricFamily("slotgate_replicas", "Replicas each scaled backend "
+                                     "has in its config now", labels=["backend"])
+        for name, reading in readings.items():
+            desired.add_metric([name], reading.desired)
+            replicas.add_metric([name], reading.replicas)
+        yield desired
+        yield replicas
