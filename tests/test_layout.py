@@ -54,6 +54,9 @@ TYPE_ONLY = {
     ("router.batch.batches_api", "router.gateway"),
     ("router.batch.files_api", "router.gateway"),
     ("router.batch.message_batches_api", "router.gateway"),
+    # A replica's drain is given the Gateway by the admin handler, and finds the Backend.
+    ("router.fleet.drain", "router.backend"),
+    ("router.fleet.drain", "router.gateway"),
     ("router.request.objective", "router.backend"),
     ("router.request.options", "router.backend"),
     ("router.request.options", "router.exchange"),

@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 
 from router.common.errors import ApiError
+from router.fleet import drain
 from router.gateway import GATEWAY
 from router.ledger.base import RowFilter
 
@@ -19,6 +20,21 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/admin/report", report)
     app.router.add_post("/admin/reload", reload)
     app.router.add_get("/admin/scaling", scaling)
+    app.router.add_post("/admin/replicas/{name}/drain", replica)
+    app.router.add_get("/admin/replicas/{name}", replica)
+
+
+async def replica(request: web.Request) -> web.Response:
+    """POST .../drain: take the replica out of its group, running out what it holds; GET:
+    how many requests it still holds (router/fleet/drain.py)."""
+    gw, name = request.app[GATEWAY], request.match_info["name"]
+    try:
+        admin(request)
+        standing = (drain.drain(gw, name) if request.method == "POST"
+                    else drain.state(gw, name))
+    except ApiError as err:
+        return err.response()
+    return web.Response(body=orjson.dumps(standing), content_type="application/json")
 
 
 async def scaling(request: web.Request) -> web.Response:
