@@ -305,7 +305,9 @@ class GatewayProcess:
         client closing first would end its requests before the signal does)."""
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
-        async with asyncio.timeout(30):
+        # A SIGTERM drains for up to server.shutdown_timeout_s (30 s by default) before it
+        # cuts: a bound of the same 30 s raced the gateway's own (one run on a loaded box).
+        async with asyncio.timeout(90):
             code = await self.proc.wait()
             await self._drain
         while self._clients:
