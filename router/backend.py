@@ -58,6 +58,9 @@ class Backend:
     offers: MoveOffers | None = None  # set when a steering route may move requests onto it
     affinity: AffinityTable | None = None  # prompt prefix -> replica, when affinity picks
     cursor: int = field(default=0)  # round robin's next turn
+    # Replicas drained by an admin (router.fleet.drain): kept out of service by discovery's
+    # refreshes while they are still found; a reload of the config brings them back.
+    drained: set[str] = field(default_factory=set)
     readings: dict[str, Reading] = field(default_factory=dict)  # engines' KV pressure
     scraper: asyncio.Task[None] | None = None  # reads them, with `signals.scrape`
     # More than one replica (retired ones included): a request's replica is picked. Kept,
@@ -77,7 +80,8 @@ class Backend:
         """A reload changed its config: new requests see it; the connections of replicas
         kept are kept, new replicas open, removed ones run out what they hold (leases
         already held stay valid: a smaller pool admits no one until enough free)."""
-        wanted = {e.name: e for e in config.replicas(self.name) if e.name is not None}
+        wanted = {e.name: e for e in config.replicas(self.name)
+                  if e.name is not None and e.name not in self.drained}
         for name, replica in self.replicas.items():
             replica.retired = name not in wanted
         for name, endpoint in wanted.items():

@@ -80,8 +80,9 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
             await add_backend(gw, name, backend)
             changes.append(f"backend {name} added")
             continue
-        if backend == old.backends.get(name):
+        if backend == old.backends.get(name) and not gw.backends[name].drained:
             continue
+        gw.backends[name].drained.clear()  # a reload listing a drained replica brings it back
         await gw.backends[name].change(backend)
         watch(gw, gw.backends[name])  # a group now, perhaps; new breaker settings
         changes.append(f"backend {name} changed")

@@ -23,6 +23,7 @@ def drain(gw: Gateway, name: str) -> dict[str, Any]:
         raise ApiError(409, f"Replica '{name}' is the last of backend '{backend.name}' in "
                        "service: draining it would leave nothing to serve the line.",
                        code="last_replica")
+    backend.drained.add(name)
     backend.replicas[name].retired = True
     wanted = {e.name: e.slots for e in backend.config.replicas(backend.name)
               if e.name is not None and not backend.replicas[e.name].retired}
