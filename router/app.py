@@ -34,6 +34,7 @@ from router.batch.runner import BatchRunner
 from router.common.errors import ApiError
 from router.common.parsed import Endpoint
 from router.console import admin, pages
+from router.fleet.groups import start_discovery
 from router.fleet.signals import FleetCollector, FleetSignals
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
@@ -130,6 +131,7 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         gw.replica_health.probe = lambda name, replica: replica_check(gw, name, replica)
         for name, backend in gw.config.backends.items():
             await add_backend(gw, name, backend)
+        start_discovery(gw)
         gw.metrics.configure(gw.config)  # the series it names, at 0
         if gw.coordinator is not None:
             gw.coordinator.start()  # subscribes to the wake-ups of the pools just made
@@ -150,6 +152,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         gw.ready = False
         gw.stalls.stop()
+        if gw.discovery is not None:
+            await gw.discovery.close()
         await gw.health.close()
         await gw.replica_health.close()
         if gw.ledger is not None:

@@ -11,12 +11,14 @@ scheduler's view of every backend's standing (`router.assembly.watch` hands them
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from policies.clock.answers import hints
 from policies.clock.clock import Clock
 from policies.config import BackendConfig, CoordinationConfig, EndpointConfig
+from policies.fleet.warmup import Warmup
 from policies.health.breaker import CircuitBreaker
 from policies.scheduler.pick import PickMode
 from policies.scheduler.prefix import AffinityTable
@@ -72,14 +74,16 @@ class Backend:
     series: BackendSeries = field(init=False, repr=False)  # from Metrics.watch
 
     def __post_init__(self) -> None:
-        self.grouped = len(self.replicas) > 1
+        self.grouped = _grouped(self.config, self.replicas)
 
     def first(self) -> Replica:
         return next(iter(self.replicas.values()))
-    async def change(self, config: BackendConfig) -> None:
-        """A reload changed its config: new requests see it; the connections of replicas
-        kept are kept, new replicas open, removed ones run out what they hold (leases
-        already held stay valid: a smaller pool admits no one until enough free)."""
+    async def change(self, config: BackendConfig, unready: Collection[str] = ()) -> None:
+        """A reload (or discovery) changed its config: new requests see it; the
+        connections of replicas kept are kept, new replicas open, removed ones run out
+        what they hold (leases already held stay valid: a smaller pool admits no one
+        until enough free). Those in `unready` serve nothing until their health check
+        passes (`ReplicaHealth.add`)."""
         wanted = {e.name: e for e in config.replicas(self.name)
                   if e.name is not None and e.name not in self.drained}
         for name, replica in self.replicas.items():
@@ -93,10 +97,10 @@ class Backend:
             http.max_idle_per_origin = endpoint.slots
             old.upstream = Upstream(self.name, config, _base_url(endpoint, old.simulator), http,
                                     key_env=endpoint.api_key_env, replica=name)
-        self.config, self.grouped = config, len(self.replicas) > 1
+        self.config, self.grouped = config, _grouped(config, self.replicas)
         self.clock.configure(hints(config), self.grouped)
         self.pool.resize(config.slots, config.queue_limit,
-                         {name: e.slots for name, e in wanted.items()})
+                         {name: e.slots for name, e in wanted.items()}, unready)
         tune(self.pool, config)
         self.affinity = _affinity(config, self.affinity)
         await stop(self.scraper)
@@ -128,10 +132,19 @@ async def open_backend(name: str, config: BackendConfig, coordination: Coordinat
         replicas[endpoint.name] = await _open_replica(name, config, endpoint)
     clock = Clock(config.initial_hold_s, hints(config), grouped=len(replicas) > 1)
     pool = make_pool(name, config, coordination, coordinator, clock)
+    if config.discover is not None:  # none ready yet: cold until one passes its check
+        found = config.discover
+        pool.cold = Warmup(found.warmup_s, found.warmup_timeout_s, found.slots)
     backend = Backend(name, config, replicas, pool, QueueReporter(pool), clock,
                       affinity=_affinity(config, None))
     backend.scraper = backend.start_scraper()
     return backend
+
+
+def _grouped(config: BackendConfig, replicas: Mapping[str, Replica]) -> bool:
+    """A replica is picked: more than one (retired ones included), or found by discovery
+    (a group of any size, its replicas each health-checked)."""
+    return len(replicas) > 1 or config.discover is not None
 
 
 async def _open_replica(backend: str, config: BackendConfig,

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from router.batch.jobs import Jobs
     from router.batch.runner import BatchRunner
     from router.common.record import RequestRecord
+    from router.fleet.groups import DiscoveredGroups
     from router.fleet.signals import FleetSignals
     from router.quality.shadows import ShadowRunner
     from router.tracing.otel import Tracer
@@ -61,6 +62,7 @@ class Gateway:
     batch_lines: RunningLines = field(default_factory=RunningLines)  # holding slots
     shadows: ShadowRunner | None = None  # shadow comparisons, when a route samples them
     fleet: FleetSignals | None = None  # desired replica counts, when a backend scales
+    discovery: DiscoveredGroups | None = None  # groups found in DNS or files, kept current
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     replica_health: ReplicaHealth = field(init=False)  # breakers of grouped backends' replicas

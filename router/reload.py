@@ -20,6 +20,7 @@ from policies.config import Config
 from router.assembly import add_backend, watch, wire_routes
 from router.common.config_error import ConfigError
 from router.config import load_config
+from router.fleet.groups import start_discovery
 from router.gateway import Gateway
 from router.request.auth import Keyring
 
@@ -45,6 +46,9 @@ def restart_only(old: Config, new: Config) -> list[str]:
         before = old.backends.get(name)
         if before is None:
             continue
+        if (before.discover is None) != (backend.discover is None):
+            problems.append(f"backends.{name}: switching to or from 'discover' changes only "
+                            "with a restart")
         engines = {e.name: e.simulated for e in before.replicas(name)}
         if any(e.name in engines and engines[e.name] != e.simulated
                for e in backend.replicas(name)):
@@ -83,6 +87,11 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         if backend == old.backends.get(name) and not gw.backends[name].drained:
             continue
         gw.backends[name].drained.clear()  # a reload listing a drained replica brings it back
+        if backend.discover is not None:  # its group is discovery's to change
+            if gw.discovery is not None:
+                gw.discovery.refresh_now(name)
+            changes.append(f"backend {name} changed (its replicas are found again)")
+            continue
         await gw.backends[name].change(backend)
         watch(gw, gw.backends[name])  # a group now, perhaps; new breaker settings
         changes.append(f"backend {name} changed")
@@ -98,5 +107,6 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
         changes.append("slo changed")
     gw.metrics.configure(new)  # new names' series at 0, removed ones' gone
     wire_routes(gw)
+    start_discovery(gw)  # for a discovered backend the reload added
     log.info("config reloaded: %s", "; ".join(changes) or "no change")
     return changes

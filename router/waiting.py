@@ -109,6 +109,9 @@ async def wait(ex: Exchange, pool: SlotPool, ticket: Ticket, movable: str | None
             raise
         reporter = backend.reporter
     timeout = ex.config.backends[pool.name].queue_timeout_s
+    cold = pool.cold if not pool.capacity else None  # no replica ready: its warm-up's bound
+    if cold is not None:
+        timeout = cold.patience_s(timeout)
     try:
         if movable is None:
             waiting = ticket.wait(timeout)
@@ -120,6 +123,8 @@ async def wait(ex: Exchange, pool: SlotPool, ticket: Ticket, movable: str | None
         outcome = "granted" if rec.backend == pool.name else "moved"
     except QueueTimeout:
         outcome = "timed_out"
+        if pool.cold is not None and not pool.capacity:
+            raise ex.rejection(RejectReason.WARMUP, pool.cold.warmup_s, pool.name) from None
         raise ex.rejection(RejectReason.QUEUE_TIMEOUT, ex.retry_after([pool]),
                            pool.name) from None
     except QueueShed:

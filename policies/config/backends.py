@@ -13,7 +13,7 @@ from pydantic import Field, HttpUrl, field_validator, model_validator
 
 from policies.apis import DEFAULT_APIS, SIMULATED_APIS, Api
 from policies.config.base import PositiveSeconds, StrictModel
-from policies.config.fleet import BackendScalingConfig
+from policies.config.fleet import BackendScalingConfig, DiscoveryConfig
 from policies.scheduler.capabilities import Ability, Capability
 from policies.scheduler.pick import EPSILON, PickMode
 from policies.scheduler.prefix import BLOCK_BYTES
@@ -91,14 +91,16 @@ class PriceConfig(StrictModel):
         return self
 
 
-def target_problem(url: object, simulated: object, endpoints: object = None) -> str | None:
-    """A backend is real engines at `url` or `endpoints`, or an in-process simulated one."""
-    given = [k for k, v in (("url", url), ("simulated", simulated), ("endpoints", endpoints))
-             if v is not None]
+def target_problem(url: object, simulated: object, endpoints: object = None,
+                   discover: object = None) -> str | None:
+    """A backend is real engines at `url`, `endpoints` or found by `discover`, or an
+    in-process simulated one."""
+    given = [k for k, v in (("url", url), ("simulated", simulated), ("endpoints", endpoints),
+                            ("discover", discover)) if v is not None]
     if len(given) != 1:
         return ("give exactly one of 'url' or 'simulated'" if endpoints is None
-                and "endpoints" not in given else
-                "give exactly one of 'url', 'simulated' or 'endpoints'")
+                and discover is None and not {"endpoints", "discover"} & set(given) else
+                "give exactly one of 'url', 'simulated', 'endpoints' or 'discover'")
     if isinstance(url, HttpUrl) and (url.username or url.password):
         return "no credentials in 'url': put the key in the environment (api_key_env)"
     return None
@@ -163,6 +165,8 @@ class BackendConfig(StrictModel):
     url: HttpUrl | None = None
     simulated: SimulatedSpec | None = None
     endpoints: tuple[EndpointConfig, ...] | None = Field(default=None, max_length=256)
+    # Its replicas found in DNS or a file, again and again (router/fleet/discovery.py).
+    discover: DiscoveryConfig | None = None
     pick: PickMode = PickMode.AFFINITY  # which replica of the group takes a request
     affinity: AffinityConfig = AffinityConfig()
     signals: SignalsConfig = SignalsConfig()
@@ -199,7 +203,13 @@ class BackendConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _group_slots(cls, data: Any) -> Any:
-        """With `endpoints`, the backend's slots are theirs, summed."""
+        """With `endpoints`, the backend's slots are theirs, summed; with `discover`, one
+        replica's (the group's change as replicas come and go)."""
+        if isinstance(data, dict) and isinstance(data.get("discover"), dict):
+            if "slots" in data:
+                raise ValueError("with 'discover', give 'slots' in it (each replica's)")
+            slots = data["discover"].get("slots")
+            return {**data, "slots": slots if isinstance(slots, int) and slots >= 1 else 1}
         if not isinstance(data, dict) or data.get("endpoints") is None:
             return data
         if "slots" in data:
@@ -214,7 +224,8 @@ class BackendConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
-        if problem := target_problem(self.url, self.simulated, self.endpoints):
+        if problem := target_problem(self.url, self.simulated, self.endpoints,
+                                     self.discover):
             raise ValueError(problem)
         if self.endpoints == ():
             raise ValueError("'endpoints' lists no endpoint")
@@ -236,7 +247,7 @@ class BackendConfig(StrictModel):
         if self.apis is not None:
             return frozenset(self.apis)
         simulated = self.simulated is not None or (
-            self.endpoints is not None and all(e.simulated is not None for e in self.endpoints))
+            bool(self.endpoints) and all(e.simulated is not None for e in self.endpoints or ()))
         return SIMULATED_APIS if simulated else DEFAULT_APIS
 
     @property
@@ -246,7 +257,9 @@ class BackendConfig(StrictModel):
 
     def replicas(self, backend: str) -> tuple[EndpointConfig, ...]:
         """The group's endpoints with their names; `url` or `simulated` alone is a group of
-        one named for the backend."""
+        one named for the backend; `discover`: none before they are found."""
+        if self.discover is not None and self.endpoints is None:
+            return ()
         if self.endpoints is None:
             return (EndpointConfig(name=backend, url=self.url, simulated=self.simulated,
                                    slots=self.slots, api_key_env=self.api_key_env),)

@@ -38,6 +38,7 @@ class RejectReason(enum.StrEnum):
     SHUTDOWN = "shutdown"  # the drain timed out and cut an answer
     SUBSCRIBERS = "too_many_subscribers"  # the dashboards' feed has its bound of watchers
     CONNECTIONS = "too_many_connections"  # the process's, or one address's, bound of sockets
+    WARMUP = "warmup_timeout"  # a cold group had no replica ready within its warm-up bound
 
 
 # Not frozen, though never changed once made: made for every decision that reaches this

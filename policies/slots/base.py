@@ -14,13 +14,14 @@ side by side under one contract. No I/O here, and no import of an implementation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from policies.clock.answers import Rates
 from policies.clock.forecast import Progress
 from policies.config import Priority
+from policies.fleet.warmup import Warmup
 
 SHEDDABLE = Priority.SHEDDABLE.rank
 
@@ -159,6 +160,7 @@ class SlotPool(Protocol):
     name: str
     capacity: int
     queue_limit: int
+    cold: Warmup | None  # a discovered group's warm-up, while it has no replica ready
 
     @property
     def active(self) -> int: ...
@@ -209,9 +211,11 @@ class SlotPool(Protocol):
 
     def set_healthy(self, replica: str, healthy: bool) -> None: ...  # in or out of capacity
 
-    # For new admissions; `replicas`: each replica's slots (a group of one by default).
+    # For new admissions; `replicas`: each replica's slots (a group of one by default);
+    # a new one in `unready` joins out of service until `set_healthy` (its health check).
     def resize(self, capacity: int, queue_limit: int,
-               replicas: Mapping[str, int] | None = None) -> None: ...
+               replicas: Mapping[str, int] | None = None,
+               unready: Collection[str] = ()) -> None: ...
 
 
 Clock = Callable[[], float]

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from policies.clock.answers import Rates
 from policies.config import Priority
+from policies.fleet.warmup import Warmup
 from policies.health.breaker import BreakerState
 from policies.slots.base import (
     CoordinationError,
@@ -97,6 +98,17 @@ class FailoverPool:
         self.queue_limit = shared.queue_limit
 
     @property
+    def cold(self) -> Warmup | None:
+        return self.shared.cold
+
+    @cold.setter
+    def cold(self, warmup: Warmup | None) -> None:
+        """Both lines forecast a cold group's warm-up (policies/fleet/warmup.py)."""
+        self.shared.cold = warmup
+        if self.local is not None:
+            self.local.cold = warmup
+
+    @property
     def degraded(self) -> bool:
         return self.shared.coordinator.breaker.state is not BreakerState.CLOSED
 
@@ -155,7 +167,7 @@ class FailoverPool:
     def seats(self) -> tuple[Seats, ...]:
         """A group's replicas as the pool serving now counts them (each one's local share
         while Redis is away); a group of one counts both pools' holders."""
-        if len(self.shared.group.slots) == 1:
+        if self.shared.group.slots.keys() == {self.name}:
             return (Seats(self.name, self.capacity, self.active),)
         if self.degraded and self.local is not None:
             return self.local.seats()
@@ -168,13 +180,14 @@ class FailoverPool:
             self.local.set_healthy(replica, healthy)
 
     def resize(self, capacity: int, queue_limit: int,
-               replicas: Mapping[str, int] | None = None) -> None:
-        self.shared.resize(capacity, queue_limit, replicas)
+               replicas: Mapping[str, int] | None = None,
+               unready: Collection[str] = ()) -> None:
+        self.shared.resize(capacity, queue_limit, replicas, unready)
         self.capacity, self.queue_limit = self.shared.capacity, queue_limit
         if self.local is not None:
             shares = local_shares(replicas, self.expected_replicas)
             self.local.resize(local_share(capacity, self.expected_replicas), queue_limit,
-                              shares)
+                              shares, unready)
 
     async def try_acquire(self, prefer: Sequence[str] = (),
                           share: Share | None = None) -> Lease | None:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from policies.clock.answers import AnswerModel, Rates
 from policies.clock.forecast import line_starts
 from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
+from policies.fleet.warmup import Warmup, cold_line
 from policies.slots.base import (
     FORECAST_TTL_S,
     SHEDDABLE,
@@ -46,8 +47,8 @@ class _Seat:
 
     __slots__ = ("active", "healthy", "slots")
 
-    def __init__(self, slots: int) -> None:
-        self.slots, self.active, self.healthy = slots, 0, True
+    def __init__(self, slots: int, healthy: bool = True) -> None:
+        self.slots, self.active, self.healthy = slots, 0, healthy
 
     @property
     def free(self) -> bool:
@@ -78,7 +79,9 @@ class LocalSlotPool:
         # pool with a FIFO line (a fair line's order is its own). `_pinned`: those that are.
         self.pins = len(replicas or ()) > 1
         self._pinned = PinnedWaiters(self)
-        self._seats = {r: _Seat(n) for r, n in (replicas or {name: capacity}).items()}
+        self._seats = {r: _Seat(n) for r, n in
+                       (replicas if replicas is not None else {name: capacity}).items()}
+        self.cold: Warmup | None = None  # a discovered group's, while none is ready
         self.capacity = self._healthy_slots()
         self.queue_limit = queue_limit
         self.estimator = estimator  # holding times: the forecast's fallback, and the mean
@@ -131,10 +134,11 @@ class LocalSlotPool:
             running = [lease.progress.running(now - granted)
                        for lease, granted in self._leases.items()]
             waiting = [t.max_tokens for line in self._lines for t in line.in_order()]
-            waits = line_starts(self.answers, self.estimator, running, self.capacity,
+            capacity, warmup_s = cold_line(self.capacity, self.cold, now)
+            waits = line_starts(self.answers, self.estimator, running, capacity,
                                 waiting, 2 * max(position, self.queued))
-            self._forecasts.update(enumerate(waits, 1))
-            cached = waits[position - 1]
+            self._forecasts.update(enumerate((w + warmup_s for w in waits), 1))
+            cached = self._forecasts[position]
         return cached
 
     def next_change(self) -> asyncio.Future[None]:
@@ -179,18 +183,21 @@ class LocalSlotPool:
         self._changed()
 
     def resize(self, capacity: int, queue_limit: int,
-               replicas: Mapping[str, int] | None = None) -> None:
+               replicas: Mapping[str, int] | None = None,
+               unready: Collection[str] = ()) -> None:
         """New limits for new admissions. Leases held stay valid (a smaller pool admits
         no one until enough are released; a removed replica runs out what it holds); a
-        larger one serves its waiters at once."""
-        wanted = replicas or {next(iter(self._seats)): capacity}
+        larger one serves its waiters at once. A replica in `unready` (found again, or
+        new) is out of service until `set_healthy` (its first health check)."""
+        wanted = replicas if replicas is not None else {next(iter(self._seats)): capacity}
         for name in list(self._seats):
             if name not in wanted:
                 self._seats[name].slots = 0
                 if not self._seats[name].active:
                     del self._seats[name]
         for name, slots in wanted.items():
-            self._seats.setdefault(name, _Seat(slots)).slots = slots
+            seat = self._seats.setdefault(name, _Seat(slots))
+            seat.slots, seat.healthy = slots, seat.healthy and name not in unready
         self.capacity, self.queue_limit = self._healthy_slots(), queue_limit
         self._fill(self.clock(), ())
         self._changed()

@@ -24,12 +24,13 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from policies.clock.answers import AnswerModel, Rates
 from policies.clock.forecast import line_starts, seen_here
 from policies.clock.holds import HoldTimeModel
 from policies.config import Priority, QueueOrder
+from policies.fleet.warmup import Warmup, cold_line
 from policies.health.breaker import BreakerState
 from policies.limits.fairness import MAX_TENANTS, expected_tokens
 from policies.slots.base import (
@@ -67,7 +68,8 @@ class RedisSlotPool:
         prefix = "fair_" if self.fair else ""  # each step's script for this line
         self.script = {step: prefix + step for step in (
             "acquire", "enqueue", "poll", "renew", "release", "withdraw")}
-        self.group = GroupView(replicas or {name: capacity})
+        self.group = GroupView(replicas if replicas is not None else {name: capacity})
+        self.cold: Warmup | None = None  # a discovered group's, while none is ready here
         self.capacity = self.group.capacity
         self.queue_limit = queue_limit
         self.estimator = estimator
@@ -125,10 +127,11 @@ class RedisSlotPool:
             for t in self._tickets.values():
                 if 0 < t.position <= len(waiting):
                     waiting[t.position - 1] = t.max_tokens
-            waits = line_starts(self.answers, self.estimator, running, self.capacity,
+            capacity, warmup_s = cold_line(self.capacity, self.cold, now)
+            waits = line_starts(self.answers, self.estimator, running, capacity,
                                 waiting, max(position, self.queued))
-            self._forecasts.update(enumerate(waits, 1))
-            cached = waits[position - 1]
+            self._forecasts.update(enumerate((w + warmup_s for w in waits), 1))
+            cached = self._forecasts[position]
         return cached
 
     def next_change(self) -> asyncio.Future[None]:
@@ -153,10 +156,13 @@ class RedisSlotPool:
             self.resize(self.capacity, self.queue_limit, self.group.slots)
 
     def resize(self, capacity: int, queue_limit: int,
-               replicas: Mapping[str, int] | None = None) -> None:
+               replicas: Mapping[str, int] | None = None,
+               unready: Collection[str] = ()) -> None:
         """New limits, passed to every script from now on; waiters here re-check. A
-        removed replica runs out what it holds."""
-        self.group.resize(replicas or {next(iter(self.group.slots)): capacity})
+        removed replica runs out what it holds; a new one in `unready` is offered to no
+        script until `set_healthy` (its first health check here)."""
+        self.group.resize(replicas if replicas is not None
+                          else {next(iter(self.group.slots)): capacity}, unready)
         self.capacity, self.queue_limit = self.group.capacity, queue_limit
         self._forecasts.clear()
         self.wake()

@@ -8,7 +8,7 @@ replicas with slots, in the order of preference (`offer`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from policies.slots.base import Seats
 
@@ -58,7 +58,9 @@ class GroupView:
             self.unhealthy.add(replica)
         return True
 
-    def resize(self, replicas: Mapping[str, int]) -> None:
+    def resize(self, replicas: Mapping[str, int], unready: Collection[str] = ()) -> None:
+        """New seats; a replica in `unready` is unhealthy (not yet checked)."""
+        self.unhealthy |= set(unready)
         self.slots = dict(replicas)
         self.unhealthy &= set(self.slots)
 

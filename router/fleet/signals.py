@@ -70,7 +70,9 @@ class FleetSignals:
             if scaling is None:
                 continue
             replicas = max(1, self.replicas(name))
-            bounds = Bounds(max(1, backend.slots // replicas), scaling.floor, scaling.ceiling,
+            per = backend.discover.slots if backend.discover is not None \
+                else max(1, backend.slots // replicas)  # (discovered: `slots` is one's)
+            bounds = Bounds(per, scaling.floor, scaling.ceiling,
                             scaling.utilization, scaling.cooldown_s)
             desired = self.desired.get(name)
             if desired is None or desired.bounds != bounds:

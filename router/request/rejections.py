@@ -46,6 +46,9 @@ _ANSWERS: dict[RejectReason, tuple[int, str, str]] = {
         503, "server_error", "The gateway shut down before this answer was complete; retry."),
     RejectReason.SUBSCRIBERS: (
         503, "server_error", "Too many dashboards are connected; retry later."),
+    RejectReason.WARMUP: (
+        503, "server_error", "No replica of this model became ready within its warm-up "
+        "time; retry later."),
     RejectReason.CONNECTIONS: (
         503, "server_error", "The gateway has too many open connections; retry shortly."),
 }

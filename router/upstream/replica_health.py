@@ -9,6 +9,11 @@ it back when it passes. A group with no replica left opens the backend's own bre
 its line moves to the route's fallbacks as a failed single engine's does. A replica's own
 429 is backpressure, not a fault: it takes no new work until its `Retry-After` has passed
 while its siblings serve the group (the last one left cools the backend, as one engine).
+
+A replica found by discovery (router/fleet/discovery.py) joins unready: its health check
+runs every `check_s` until it passes, and only then do its slots serve the line (`ready`
+resolves). Until one does, the group is cold, not failing: its breaker stays closed and
+its line waits (policies/fleet/warmup.py).
 """
 
 from __future__ import annotations
@@ -41,18 +46,61 @@ class ReplicaHealth:
         self._pools: dict[str, SlotPool] = {}
         self._probers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._cooling: dict[tuple[str, str], asyncio.TimerHandle] = {}  # after their 429
+        self._readying: dict[tuple[str, str], asyncio.Task[None]] = {}  # first checks
+        self._waiting_ready: dict[str, list[asyncio.Future[str]]] = {}
 
     def add(self, backend: str, replica: str, config: BackendConfig,
-            pool: SlotPool) -> CircuitBreaker:
+            pool: SlotPool, check_s: float | None = None) -> CircuitBreaker:
         """Watch `replica` of `backend` (again after a reload: its count starts anew); its
-        breaker is returned for the replica to keep."""
+        breaker is returned for the replica to keep. With `check_s`, it is not ready yet:
+        out of service until a health check, made that often, passes."""
         breaker = CircuitBreaker(config.breaker_failures, config.breaker_open_s,
                                  time.monotonic)
         breaker.on_change = lambda state: self._changed(backend, replica, state)
         self._breakers[(backend, replica)] = breaker
         self._pools[backend] = pool
-        pool.set_healthy(replica, True)
+        if check_s is None:
+            pool.set_healthy(replica, True)
+        elif (backend, replica) not in self._readying and self.probe is not None:
+            self._readying[(backend, replica)] = asyncio.ensure_future(
+                self._until_ready(backend, replica, self.probe, check_s))
         return breaker
+
+    async def _until_ready(self, backend: str, replica: str, probe: ReplicaProbe,
+                           check_s: float) -> None:
+        try:
+            while True:
+                if await probe(backend, replica):
+                    break
+                await asyncio.sleep(check_s)  # the readiness schedule
+            log.info("replica %s of backend %s is ready", replica, backend)
+            self._pools[backend].set_healthy(replica, True)
+            for ready in self._waiting_ready.pop(backend, ()):
+                if not ready.done():
+                    ready.set_result(replica)
+        finally:
+            self._readying.pop((backend, replica), None)
+
+    def checking(self, backend: str) -> int:
+        """The replicas of `backend` found and not ready yet."""
+        return sum(b == backend for b, _ in self._readying)
+
+    def ready(self, backend: str) -> asyncio.Future[str]:
+        """Resolved with the name of the next replica of `backend` to pass its first
+        health check."""
+        future = asyncio.get_running_loop().create_future()
+        self._waiting_ready.setdefault(backend, []).append(future)
+        return future
+
+    def forget(self, backend: str, replica: str) -> None:
+        """`replica` is gone (discovery no longer finds it): no more checks of it."""
+        task = self._readying.pop((backend, replica), None)
+        if task is not None:
+            task.cancel()
+        prober = self._probers.pop((backend, replica), None)
+        if prober is not None:
+            prober.cancel()
+        self._breakers.pop((backend, replica), None)
 
     def report(self, backend: str, replica: str, failure: UpstreamFailure) -> None:
         """A request on `replica` failed: count it if the engine is to blame."""
@@ -93,7 +141,7 @@ class ReplicaHealth:
     async def close(self) -> None:
         for handle in self._cooling.values():
             handle.cancel()
-        tasks = list(self._probers.values())
+        tasks = [*self._probers.values(), *self._readying.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
