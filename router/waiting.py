@@ -109,9 +109,8 @@ async def wait(ex: Exchange, pool: SlotPool, ticket: Ticket, movable: str | None
             raise
         reporter = backend.reporter
     timeout = ex.config.backends[pool.name].queue_timeout_s
-    cold = pool.cold if not pool.capacity else None  # no replica ready: its warm-up's bound
-    if cold is not None:
-        timeout = cold.patience_s(timeout)
+    if not pool.capacity and pool.cold is not None:  # no replica ready: the warm-up's bound
+        timeout = pool.cold.timeout_s
     try:
         if movable is None:
             waiting = ticket.wait(timeout)

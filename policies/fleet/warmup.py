@@ -12,7 +12,8 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class Warmup:
     warmup_s: float  # a replica's expected time from the wake to its first health check
-    timeout_s: float  # a cold group's waiters are answered 503 after this long
+    timeout_s: float  # a cold group's waiters are answered 503 after this long (in place
+    # of the backend's queue timeout, which is for a warm line)
     slots: int  # one replica's: the line's forecast once it is up
     woken_at: float | None = None  # this cold spell's wake (None: not woken, or warm)
 
@@ -33,10 +34,6 @@ class Warmup:
             return self.warmup_s
         return max(0.0, self.woken_at + self.warmup_s - now)
 
-    def patience_s(self, queue_timeout_s: float) -> float:
-        """How long a request lining up in a cold group waits before 503: the warm-up's
-        bound, or its backend's queue timeout when that is longer."""
-        return max(self.timeout_s, queue_timeout_s)
 
 
 def cold_line(capacity: int, warmup: Warmup | None, now: float) -> tuple[int, float]:
