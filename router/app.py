@@ -35,6 +35,8 @@ from router.common.errors import ApiError
 from router.common.parsed import Endpoint
 from router.console import admin, pages
 from router.fleet.groups import start_discovery
+from router.fleet.shared import SharedDemand
+from router.fleet.shared_drains import SharedDrains
 from router.fleet.signals import FleetCollector, FleetSignals
 from router.gateway import GATEWAY, Gateway
 from router.ledger.base import Ledger
@@ -134,7 +136,10 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         start_discovery(gw)
         gw.metrics.configure(gw.config)  # the series it names, at 0
         if gw.coordinator is not None:
+            gw.drains = SharedDrains(lambda: gw.backends, lambda: gw.config.fleet.refresh_s,
+                                     gw.coordinator)  # its channel: subscribed at start
             gw.coordinator.start()  # subscribes to the wake-ups of the pools just made
+            await gw.drains.start()  # the replicas drained by other gateways, before serving
             gw.metrics.watch_coordinator(gw.coordinator.healthy.is_set)
         wire_routes(gw)
         if gw.config.ledger.enabled:
@@ -160,6 +165,8 @@ async def _gateway_ctx(app: web.Application) -> AsyncIterator[None]:
             await gw.ledger.close()  # after the server stopped taking requests: every row
         for opened in gw.backends.values():
             await opened.close()
+        if gw.drains is not None:
+            await gw.drains.close()
         if gw.shared_quotas is not None:
             await gw.shared_quotas.close()  # its settles finish with the coordinator's
         if gw.coordinator is not None:
@@ -293,7 +300,8 @@ def start_fleet(gw: Gateway) -> None:
         lambda: gw.config, lambda name: sum(holding.series((name,))[:-1]),
         lambda name: gw.backends[name].clock.holds.mean_s,
         lambda name: gw.backends[name].pool.queued,
-        lambda name: sum(not r.retired for r in gw.backends[name].replicas.values()))
+        lambda name: sum(not r.retired for r in gw.backends[name].replicas.values()),
+        SharedDemand(gw.coordinator) if gw.coordinator is not None else None)
     gw.fleet.start()
     gw.metrics.registry.register(FleetCollector(gw.fleet))
 

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from router.batch.runner import BatchRunner
     from router.common.record import RequestRecord
     from router.fleet.groups import DiscoveredGroups
+    from router.fleet.shared_drains import SharedDrains
     from router.fleet.signals import FleetSignals
     from router.quality.shadows import ShadowRunner
     from router.tracing.otel import Tracer
@@ -64,6 +65,7 @@ class Gateway:
     fleet: FleetSignals | None = None  # desired replica counts, when a backend scales
     discovery: DiscoveredGroups | None = None  # groups found in DNS or files, kept current
     coordinator: RedisCoordinator | None = None  # coordination.mode: redis
+    drains: SharedDrains | None = None  # with the coordinator: drains reach every gateway
     health: BackendHealth = field(default_factory=BackendHealth)  # breakers, retries
     replica_health: ReplicaHealth = field(init=False)  # breakers of grouped backends' replicas
     keyring: Keyring = field(default_factory=lambda: Keyring(AuthConfig()))  # auth off

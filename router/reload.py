@@ -86,6 +86,7 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
             continue
         if backend == old.backends.get(name) and not gw.backends[name].drained:
             continue
+        drained = set(gw.backends[name].drained)
         gw.backends[name].drained.clear()  # a reload listing a drained replica brings it back
         if backend.discover is not None:  # its group is discovery's to change
             if gw.discovery is not None:
@@ -93,6 +94,8 @@ async def apply(gw: Gateway, new: Config) -> list[str]:
             changes.append(f"backend {name} changed (its replicas are found again)")
             continue
         await gw.backends[name].change(backend)
+        if gw.drains is not None:  # on every gateway sharing the coordination
+            await gw.drains.returned(name, drained, backend)
         watch(gw, gw.backends[name])  # a group now, perhaps; new breaker settings
         changes.append(f"backend {name} changed")
     changes += [f"backend {name} removed (idle until restart)"

@@ -48,13 +48,15 @@ async def test_a_drained_replica_finishes_its_streams_and_takes_no_more(
     await second.wait_until(lambda e: e.active == 2)
     status, standing = await admin(http, gw, "big-0", post=True)
     assert status == 200 and standing == {"replica": "big-0", "backend": "big",
-                                          "draining": True, "holding": 2, "drained": False}
+                                          "draining": True, "holding": 2, "drained": False,
+                                          "scope": "gateway"}
     later = [asyncio.create_task(stream()) for _ in range(3)]  # they wait for big-1 alone
     await poll_until(lambda: gw.gateway.backends["big"].pool.queued == 3)
     first.release()
     await first.wait_until(lambda e: e.active == 0)
     assert (await admin(http, gw, "big-0"))[1] == {
-        "replica": "big-0", "backend": "big", "draining": True, "holding": 0, "drained": True}
+        "replica": "big-0", "backend": "big", "draining": True, "holding": 0, "drained": True,
+        "scope": "gateway"}
     second.release()
     answers = await asyncio.gather(*running, *later)
     assert all(len(a.split()) == 8 for a in answers)  # every answer whole: none cut

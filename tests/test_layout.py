@@ -57,6 +57,9 @@ TYPE_ONLY = {
     # A replica's drain is given the Gateway by the admin handler, and finds the Backend.
     ("router.fleet.drain", "router.backend"),
     ("router.fleet.drain", "router.gateway"),
+    # A drain on one gateway, and the fleet's through Redis, change the Backend they find.
+    ("router.fleet.replicas", "router.backend"),
+    ("router.fleet.shared_drains", "router.backend"),
     ("router.request.objective", "router.backend"),
     ("router.request.options", "router.backend"),
     ("router.request.options", "router.exchange"),

@@ -30,8 +30,8 @@ async def replica(request: web.Request) -> web.Response:
     gw, name = request.app[GATEWAY], request.match_info["name"]
     try:
         admin(request)
-        standing = (drain.drain(gw, name) if request.method == "POST"
-                    else drain.state(gw, name))
+        standing = await (drain.drain(gw, name) if request.method == "POST"
+                          else drain.state(gw, name))
     except ApiError as err:
         return err.response()
     return web.Response(body=orjson.dumps(standing), content_type="application/json")

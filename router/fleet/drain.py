@@ -3,41 +3,52 @@ its group as a reload that removed it would (router.backend.Backend.change): no 
 goes to it, what it runs finishes, its slots leave the pool. `GET /admin/replicas/{name}`
 says how many requests it still holds, so a scale-down (a preStop hook) waits until it
 holds none and never cuts an answer. A reload that keeps the replica in the config brings
-it back."""
+it back.
+
+With Redis coordination a drain is the fleet's (router/fleet/shared_drains.py): every
+gateway sharing it drains the replica too, and `holding` counts the requests every gateway
+holds on it (the shared pool's seats); `scope` says "fleet", or "gateway" while Redis does
+not answer (then `drained` stays false: the others' holders are not known)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from router.common.errors import ApiError
+from router.fleet.replicas import is_last, retire
 
 if TYPE_CHECKING:
     from router.backend import Backend
     from router.gateway import Gateway
 
 
-def drain(gw: Gateway, name: str) -> dict[str, Any]:
+async def drain(gw: Gateway, name: str) -> dict[str, Any]:
     backend = _backend_of(gw, name)
-    live = [n for n, r in backend.replicas.items() if not r.retired]
-    if live == [name]:
+    if is_last(backend, name):
         raise ApiError(409, f"Replica '{name}' is the last of backend '{backend.name}' in "
                        "service: draining it would leave nothing to serve the line.",
                        code="last_replica")
-    backend.drained.add(name)
-    backend.replicas[name].retired = True
-    wanted = {e.name: e.slots for e in backend.config.replicas(backend.name)
-              if e.name is not None and not backend.replicas[e.name].retired}
-    backend.pool.resize(sum(wanted.values()), backend.config.queue_limit, wanted)
-    return state(gw, name)
+    retire(backend, name)
+    if gw.drains is not None:
+        await gw.drains.spread(backend.name, name)
+    return await state(gw, name)
 
 
-def state(gw: Gateway, name: str) -> dict[str, Any]:
-    """A replica's standing: draining, and the requests it still holds."""
+async def state(gw: Gateway, name: str) -> dict[str, Any]:
+    """A replica's standing: draining, and the requests it still holds (every gateway's,
+    with Redis)."""
     backend = _backend_of(gw, name)
     holding = next((s.active for s in backend.pool.seats() if s.name == name), 0)
+    scope = "gateway"
+    if gw.drains is not None:
+        fleet = await gw.drains.holding(backend, name)
+        if fleet is not None:
+            holding, scope = fleet, "fleet"
     draining = backend.replicas[name].retired
+    known = gw.drains is None or scope == "fleet"  # with Redis away the others' are not
     return {"replica": name, "backend": backend.name, "draining": draining,
-            "holding": holding, "drained": draining and holding == 0}
+            "holding": holding, "drained": draining and holding == 0 and known,
+            "scope": scope}
 
 
 def _backend_of(gw: Gateway, name: str) -> Backend:

@@ -4,12 +4,17 @@ last look (their rate), the clock's mean hold, the line, and the `standard` clas
 first token (policies/fleet/desired.py). Read by `slotgate_desired_replicas` and by
 `GET /admin/scaling`, which KEDA's metrics-api scaler polls. Nothing on the request path:
 a background task reads counters the requests already keep.
+
+With Redis coordination the figures of every gateway sharing it are summed (`shared`,
+router/fleet/shared.py): the reading's `scope` is "fleet"; while Redis does not answer,
+this gateway's own figures, and "gateway".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,6 +25,10 @@ from prometheus_client.registry import Collector
 
 from policies.config import Config, Priority
 from policies.fleet.desired import Bounds, Demand, DesiredReplicas
+from policies.slots.base import CoordinationError
+from router.fleet.shared import SharedDemand, summed
+
+log = logging.getLogger("slotgate.fleet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +39,18 @@ class Reading:
     desired: int
     replicas: int  # configured now (a group's endpoints)
     at: float  # unix seconds
+    scope: str = "gateway"  # "fleet": summed over the gateways sharing Redis
 
 
 class FleetSignals:
     def __init__(self, config: Callable[[], Config], released: Callable[[str], float],
                  hold_s: Callable[[str], float], queued: Callable[[str], int],
-                 replicas: Callable[[str], int]) -> None:
+                 replicas: Callable[[str], int], shared: SharedDemand | None = None) -> None:
         """`released`: a backend's count of slots let go so far; `hold_s`: its clock's
-        mean hold; `queued`: its line now; `replicas`: its endpoints now."""
+        mean hold; `queued`: its line now; `replicas`: its endpoints now; `shared`: the
+        other gateways' figures (Redis coordination)."""
         self.config, self.released, self.hold_s = config, released, hold_s
-        self.queued, self.replicas = queued, replicas
+        self.queued, self.replicas, self.shared = queued, replicas, shared
         self.desired: dict[str, DesiredReplicas] = {}
         self.readings: dict[str, Reading] = {}
         self._seen: dict[str, tuple[float, float]] = {}  # backend -> (monotonic, released)
@@ -59,13 +70,42 @@ class FleetSignals:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.config().fleet.refresh_s)
-            self.look()
+            try:
+                await self.refresh()
+            except Exception:  # a bug here must not end the counts for good: log it, go on
+                log.exception("fleet look failed; the counts are computed again next look")
 
     def look(self) -> None:
-        """Compute every scaled backend's count now."""
-        config, now = self.config(), time.monotonic()
-        objective = config.slo.of(Priority.STANDARD).ttft_s
-        for name, backend in config.backends.items():
+        """Compute every scaled backend's count now, from this gateway's figures."""
+        now = time.monotonic()
+        for name in self._scaled():
+            self._record(name, now, self._own(name, now), "gateway")
+        self._looked()
+
+    async def refresh(self) -> None:
+        """A look; with Redis, from the figures of every gateway sharing it (this
+        gateway's alone, and said so, while Redis does not answer)."""
+        if self.shared is None:
+            self.look()
+            return
+        refresh_s = self.config().fleet.refresh_s
+        for name in self._scaled():
+            now = time.monotonic()
+            demand, scope = self._own(name, now), "gateway"
+            try:
+                shares = await self.shared.exchange(name, demand, refresh_s)
+            except CoordinationError as exc:
+                log.debug("fleet figures of %s not shared (%s): this gateway's own", name, exc)
+            else:
+                demand, scope = summed(demand, shares), "fleet"
+            self._record(name, now, demand, scope)
+        self._looked()
+
+    def _scaled(self) -> list[str]:
+        """Each backend with `scaling`, with its bounds now (its count kept across a
+        reload that changed them)."""
+        out = []
+        for name, backend in self.config().backends.items():
             scaling = backend.scaling
             if scaling is None:
                 continue
@@ -76,14 +116,24 @@ class FleetSignals:
                             scaling.utilization, scaling.cooldown_s)
             desired = self.desired.get(name)
             if desired is None or desired.bounds != bounds:
-                desired = self.desired[name] = _carried(bounds, desired)
-            released = self.released(name)
-            then, before = self._seen.get(name, (now, released))
-            self._seen[name] = (now, released)
-            rate = (released - before) / (now - then) if now > then else 0.0
-            demand = Demand(rate, self.hold_s(name), self.queued(name), objective)
-            self.readings[name] = Reading(demand, desired.update(now, demand),
-                                          self.replicas(name), time.time())
+                self.desired[name] = _carried(bounds, desired)
+            out.append(name)
+        return out
+
+    def _own(self, name: str, now: float) -> Demand:
+        """This gateway's demand of one backend: its rate since its last look."""
+        released = self.released(name)
+        then, before = self._seen.get(name, (now, released))
+        self._seen[name] = (now, released)
+        rate = (released - before) / (now - then) if now > then else 0.0
+        objective = self.config().slo.of(Priority.STANDARD).ttft_s
+        return Demand(rate, self.hold_s(name), self.queued(name), objective)
+
+    def _record(self, name: str, now: float, demand: Demand, scope: str) -> None:
+        desired = self.desired[name].update(now, demand)
+        self.readings[name] = Reading(demand, desired, self.replicas(name), time.time(), scope)
+
+    def _looked(self) -> None:
         self.looked.set()
         self.looked = asyncio.Event()
 
@@ -92,7 +142,8 @@ class FleetSignals:
         return {"backends": {name: {
             "desired": r.desired, "replicas": r.replicas, "rate": round(r.demand.rate, 4),
             "mean_hold_s": round(r.demand.mean_hold_s, 4), "queued": r.demand.queued,
-            "objective_s": r.demand.objective_s, "at": r.at} for name, r in
+            "objective_s": r.demand.objective_s, "at": r.at, "scope": r.scope}
+            for name, r in
             self.readings.items()}}
 
 
