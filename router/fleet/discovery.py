@@ -45,7 +45,10 @@ async def find(config: DiscoveryConfig) -> list[Found] | None:
     found = await _dns(config) if config.dns is not None else _file(config)
     if found is None:
         return None
-    unique = list({f.name: f for f in reversed(found)}.values())[::-1]  # the first of a name
+    firsts: dict[str, Found] = {}
+    for replica in found:
+        firsts.setdefault(replica.name, replica)  # a name taken: the first keeps it
+    unique = list(firsts.values())
     if len(unique) > config.max_replicas:
         log.warning("discovery of %s found %d replicas: the first %d are kept",
                     config.dns or config.file, len(unique), config.max_replicas)

@@ -89,6 +89,7 @@ class DiscoveredGroups:
         backend, discover = self.gw.backends[name], declared.discover
         _warmup_of(backend, declared)
         live = {n for n, r in backend.replicas.items() if not r.retired}
+        await self._forget_drains(backend, {f.name for f in found})
         wanted = [f for f in found if f.name not in backend.drained]
         names = {f.name for f in wanted}
         endpoints = tuple(EndpointConfig(name=f.name, url=HttpUrl(f.url), slots=discover.slots,
@@ -109,6 +110,15 @@ class DiscoveredGroups:
             log.info("backend %s: replica %s is gone; it runs out what it holds", name,
                      replica)
             health.forget(name, replica)
+
+    async def _forget_drains(self, backend: Backend, found: set[str]) -> None:
+        """A drained replica no longer found is forgotten: found again later under its
+        name (a pod made anew), it serves again."""
+        vanished = backend.drained - found
+        if vanished:
+            backend.drained -= vanished
+            if self.gw.drains is not None:
+                await self.gw.drains.vanished(backend.name, vanished)
 
     def _cold_check(self, backend: Backend) -> None:
         """After each change of a discovered pool: wake a cold group at its first

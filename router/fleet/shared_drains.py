@@ -83,6 +83,11 @@ class SharedDrains:
         if listed:
             await self._send(backend, dict.fromkeys(sorted(listed), "SREM"))
 
+    async def vanished(self, backend: str, names: set[str]) -> None:
+        """Discovery no longer finds these drained replicas: they leave the set, so one
+        found again later under the same name (a pod made anew) serves again."""
+        await self._send(backend, dict.fromkeys(sorted(names), "SREM"))
+
     async def holding(self, backend: Backend, replica: str) -> int | None:
         """The requests every gateway holds on the replica (None: Redis did not answer)."""
         await backend.pool.recount()  # lapsed leases (a dead gateway's) leave first
