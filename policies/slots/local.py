@@ -134,11 +134,15 @@ class LocalSlotPool:
             running = [lease.progress.running(now - granted)
                        for lease, granted in self._leases.items()]
             waiting = [t.max_tokens for line in self._lines for t in line.in_order()]
-            capacity, warmup_s = cold_line(self.capacity, self.cold, now)
+            capacity, warmup_s = self.capacity, 0.0
+            if not capacity and self.cold is not None:  # none ready: after the warm-up
+                capacity, warmup_s = cold_line(capacity, self.cold, now)
             waits = line_starts(self.answers, self.estimator, running, capacity,
                                 waiting, 2 * max(position, self.queued))
-            self._forecasts.update(enumerate((w + warmup_s for w in waits), 1))
-            cached = self._forecasts[position]
+            if warmup_s:
+                waits = [wait + warmup_s for wait in waits]
+            self._forecasts.update(enumerate(waits, 1))
+            cached = waits[position - 1]
         return cached
 
     def next_change(self) -> asyncio.Future[None]:
