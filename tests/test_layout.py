@@ -60,9 +60,8 @@ TYPE_ONLY = {
     # A drain on one gateway, and the fleet's through Redis, change the Backend they find.
     ("router.fleet.replicas", "router.backend"),
     ("router.fleet.shared_drains", "router.backend"),
-    # Discovery is given the Gateway at startup and changes the Backends of its groups.
+    # Discovery changes the Backends of its groups.
     ("router.fleet.groups", "router.backend"),
-    ("router.fleet.groups", "router.gateway"),
     ("router.request.objective", "router.backend"),
     ("router.request.options", "router.backend"),
     ("router.request.options", "router.exchange"),

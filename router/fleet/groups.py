@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 from pydantic import HttpUrl
@@ -29,15 +29,29 @@ from router.fleet.discovery import Found, find
 
 if TYPE_CHECKING:
     from router.backend import Backend
-    from router.gateway import Gateway
+    from policies.config import Config
+    from router.fleet.shared_drains import SharedDrains
+    from router.fleet.signals import FleetSignals
+    from router.upstream.replica_health import ReplicaHealth
 
 log = logging.getLogger("slotgate")
 
 WAKE_TIMEOUT_S = 5.0  # the scale-up hook's bound
 
 
+class Fleet(Protocol):
+    """What discovery reads and changes of the gateway (router.gateway.Gateway)."""
+
+    config: Config
+    backends: dict[str, Backend]
+    replica_health: ReplicaHealth
+    fleet: FleetSignals | None
+    drains: SharedDrains | None
+    discovery: DiscoveredGroups | None
+
+
 class DiscoveredGroups:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Fleet) -> None:
         self.gw = gw
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._now: dict[str, asyncio.Event] = {}  # a refresh asked for before its time
@@ -168,7 +182,7 @@ async def _wake(url: str, backend: str, queued: int) -> None:
         log.warning("the wake hook of backend %s failed: %s", backend, type(exc).__name__)
 
 
-def start_discovery(gw: Gateway) -> None:
+def start_discovery(gw: Fleet) -> None:
     """Keep the groups with `discover` current; again after a reload, for a backend it
     added."""
     if not any(b.discover is not None for b in gw.config.backends.values()):
