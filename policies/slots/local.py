@@ -38,21 +38,9 @@ from policies.slots.fair import FairLine, FairShares, share_of
 from policies.slots.line import Line
 from policies.slots.local_pins import Lines, PinnedWaiters
 from policies.slots.local_tickets import LocalLease, LocalTicket
+from policies.slots.seating import Seat
 
 __all__ = ["LocalLease", "LocalSlotPool", "LocalTicket"]
-
-
-class _Seat:
-    """One replica's slots; `slots` 0 once a reload removed it (it runs out what it holds)."""
-
-    __slots__ = ("active", "healthy", "slots")
-
-    def __init__(self, slots: int, healthy: bool = True) -> None:
-        self.slots, self.active, self.healthy = slots, 0, healthy
-
-    @property
-    def free(self) -> bool:
-        return self.healthy and self.active < self.slots
 
 
 class LocalSlotPool:
@@ -79,7 +67,7 @@ class LocalSlotPool:
         # pool with a FIFO line (a fair line's order is its own). `_pinned`: those that are.
         self.pins = len(replicas or ()) > 1
         self._pinned = PinnedWaiters(self)
-        self._seats = {r: _Seat(n) for r, n in
+        self._seats = {r: Seat(n) for r, n in
                        (replicas if replicas is not None else {name: capacity}).items()}
         self.cold: Warmup | None = None  # a discovered group's, while none is ready
         self.capacity = self._healthy_slots()
@@ -200,7 +188,7 @@ class LocalSlotPool:
                 if not self._seats[name].active:
                     del self._seats[name]
         for name, slots in wanted.items():
-            seat = self._seats.setdefault(name, _Seat(slots))
+            seat = self._seats.setdefault(name, Seat(slots))
             seat.slots, seat.healthy = slots, seat.healthy and name not in unready
         self.capacity, self.queue_limit = self._healthy_slots(), queue_limit
         self._fill(self.clock(), ())

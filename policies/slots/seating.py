@@ -83,3 +83,17 @@ def _pair(part: str) -> tuple[str, int]:
 def _text(value: bytes | str | int) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
+
+class Seat:
+    """One replica's slots in a local pool; `slots` 0 once a reload removed it (it runs
+    out what it holds); not `healthy` while its breaker is open or it awaits its first
+    health check."""
+
+    __slots__ = ("active", "healthy", "slots")
+
+    def __init__(self, slots: int, healthy: bool = True) -> None:
+        self.slots, self.active, self.healthy = slots, 0, healthy
+
+    @property
+    def free(self) -> bool:
+        return self.healthy and self.active < self.slots

@@ -28,8 +28,8 @@ from policies.fleet.warmup import Warmup
 from router.fleet.discovery import Found, find
 
 if TYPE_CHECKING:
-    from router.backend import Backend
     from policies.config import Config
+    from router.backend import Backend
     from router.fleet.shared_drains import SharedDrains
     from router.fleet.signals import FleetSignals
     from router.upstream.replica_health import ReplicaHealth
