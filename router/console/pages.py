@@ -4,7 +4,8 @@ Static files come only from router/console/web (a list taken at startup: no path
 They carry no data (no route, backend or model name), so they load without a key: a
 person enters one in the page. The data they show comes from endpoints that need the key
 when auth is on (`/v1/models`; the feed unless `auth.public` names `pages`).
-The feed reads pool snapshots and recent records; it never changes gateway state.
+The feed reads pool snapshots, recent records and the fleet's desired replica counts; it
+never changes gateway state.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from policies.scheduler.admission import RejectReason
 from router.common.errors import not_found
 from router.common.sse import SSE_HEADERS
 from router.console.shares import tenant_shares
+from router.fleet.signals import FleetSignals
 from router.gateway import GATEWAY, Gateway
 
 WEB_DIR = Path(__file__).with_name("web")
@@ -126,6 +128,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     pages.join(wake)
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers=SSE_HEADERS)
+    looks = asyncio.create_task(follow_looks(gw.fleet, wake), name="feed-looks")
     try:
         unwatch.extend(b.pool.watch(lambda _pool: wake.set()) for b in gw.backends.values())
         await response.prepare(request)
@@ -151,6 +154,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
     except ConnectionResetError:
         pass  # the dashboard went away; its handler ends here
     finally:
+        looks.cancel()
         for stop in unwatch:
             stop()
         pages.leave(wake)
@@ -206,8 +210,43 @@ def pool_rows(gw: Gateway, now: float | None = None, tenant: str | None = None
             "replicas": [{"name": s.name, "slots": s.slots, "active": s.active,
                           "healthy": s.healthy} for s in pool.seats()],
             "tenants": shares.get(name, []),
+            **replica_counts(gw, name),
         })
     return rows
+
+
+def replica_counts(gw: Gateway, name: str) -> dict[str, int]:
+    """A backend's replicas `ready` (in service and healthy) and `draining` (taken out by a
+    reload or a drain, still holding requests, or drained and not listed again by a
+    reload), and, when it has `scaling`, the `desired` count of the fleet's latest look."""
+    backend = gw.backends[name]
+    seats = {s.name: s for s in backend.pool.seats()}
+    ready = draining = 0
+    for replica_name, replica in backend.replicas.items():
+        seat = seats.get(replica_name)
+        if not replica.retired:
+            ready += seat is not None and seat.healthy
+        elif (seat is not None and seat.active > 0) or replica_name in backend.drained:
+            draining += 1
+    counts = {"ready": ready, "draining": draining}
+    reading = gw.fleet.readings.get(name) if gw.fleet is not None else None
+    if reading is not None and backend.config.scaling is not None:
+        counts["desired"] = reading.desired
+    return counts
+
+
+async def follow_looks(fleet: FleetSignals | None, wake: asyncio.Event) -> None:
+    """Wake a feed after each look of the fleet that moved a desired count (the pools'
+    own changes wake it through their watchers)."""
+    if fleet is None:
+        return
+    shown = {name: r.desired for name, r in fleet.readings.items()}
+    while True:
+        await fleet.looked.wait()  # a fresh event after each look
+        now = {name: r.desired for name, r in fleet.readings.items()}
+        if now != shown:
+            shown = now
+            wake.set()
 
 
 def _recent_counts(gw: Gateway, now: float) -> tuple[dict[str, int], dict[str, int]]:

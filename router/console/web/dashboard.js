@@ -83,9 +83,44 @@ function makeCard(pool) {
   const queueBlock = el("div");
   queueBlock.append(queueRow, queue);
   const tenants = makeTenants(id);
-  root.append(title, slotsBlock, queueBlock, tenants.wrap, figures);
+  const fleet = makeFleet(id);
+  root.append(title, slotsBlock, fleet.wrap, queueBlock, tenants.wrap, figures);
   return { root, slots, slotsText, queue, queueFill, queueText, eta, rejected, fallback,
-           capacity: -1, id, replicas, replicaNames: "", replicaRows: [], tenants };
+           capacity: -1, id, replicas, replicaNames: "", replicaRows: [], tenants, fleet };
+}
+
+// Its replicas in service and healthy, those running out what they hold (a drain, a reload
+// without them), and, when the backend scales, the count the gateway asks an autoscaler for.
+function makeFleet(id) {
+  const wrap = el("dl", "figures fleet");
+  wrap.setAttribute("aria-label", "Replicas");
+  wrap.hidden = true;
+  const out = { wrap };
+  for (const [key, label] of [["ready", "Replicas ready"], ["draining", "Draining"],
+                              ["desired", "Desired"]]) {
+    const [box, value] = figure(label);
+    box.dataset.figure = key;
+    value.id = `${id}-${key}`;
+    wrap.append(box);
+    out[key] = value;
+    out[`${key}Box`] = box;
+  }
+  return out;
+}
+
+function renderFleet(card, pool) {
+  const { fleet } = card;
+  fleet.wrap.hidden = typeof pool.ready !== "number"; // a gateway without the counts
+  if (fleet.wrap.hidden) return;
+  const ready = Math.max(0, pool.ready | 0);
+  const draining = Math.max(0, pool.draining | 0);
+  fleet.ready.textContent = String(ready);
+  fleet.draining.textContent = String(draining);
+  const scaled = typeof pool.desired === "number"; // only a backend with `scaling`
+  fleet.desiredBox.hidden = !scaled;
+  const desired = scaled ? Math.max(0, pool.desired | 0) : 0;
+  fleet.desired.textContent = scaled ? String(desired) : "–";
+  fleet.desired.classList.toggle("hot", scaled && desired > ready); // wants more than it has
 }
 
 // A pool with a queue: each tenant's share of its tokens served in the last minute, and
@@ -211,6 +246,7 @@ function render(pools) {
     }
     renderSlots(card, pool);
     renderReplicas(card, pool);
+    renderFleet(card, pool);
     renderTenants(card, pool);
     const limit = Math.max(0, pool.queue_limit | 0);
     const depth = Math.max(0, pool.queued | 0);
