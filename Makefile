@@ -58,6 +58,15 @@ SHADOW_ARGS ?=
 bench-shadows: $(STAMP)
 	PYTHONPATH=. $(BIN)/python bench/shadow_share.py $(SHADOW_ARGS)
 
+# #34's target: a load step 0.3x -> 2x -> 0.3x of one simulated replica's capacity, an
+# autoscaler in the bench following the gateway's desired replica count (5 s start-up per
+# replica, reloads); ~2.5 minutes, rewrites docs/autoscaling-load-step.{png,csv};
+# FLEET_ARGS=--quick for ~50 s, --seed N, --png/--csv PATH to write elsewhere.
+.PHONY: bench-fleet
+FLEET_ARGS ?=
+bench-fleet: $(STAMP)
+	PYTHONPATH=. $(BIN)/python bench/load_step.py $(FLEET_ARGS)
+
 # A real engine for tests/engine: llama.cpp's server and a small GGUF model, in a venv of
 # their own so that `make test` never needs them. The model and the built wheel are kept
 # in SLOTGATE_ENGINE_CACHE across runs and checkouts.
