@@ -109,9 +109,10 @@ class FleetSignals:
             scaling = backend.scaling
             if scaling is None:
                 continue
-            replicas = max(1, self.replicas(name))
+            # a replica's slots: discovered, `slots` is one's; listed, their sum over the
+            # replicas the config lists (a drained one still counts in that sum)
             per = backend.discover.slots if backend.discover is not None \
-                else max(1, backend.slots // replicas)  # (discovered: `slots` is one's)
+                else max(1, backend.slots // max(1, len(backend.replicas(name))))
             bounds = Bounds(per, scaling.floor, scaling.ceiling,
                             scaling.utilization, scaling.cooldown_s)
             desired = self.desired.get(name)
