@@ -33,14 +33,17 @@ class Claims:
 
     async def claim(self, job_id: str) -> tuple[int, str, str] | None:
         """The job's first claimable line (its number, custom_id and body), now this
-        process's to run; None: no line is left to claim."""
+        process's to run; None: no line is left to claim, or the job is no longer open
+        (cancelled, or past its window: read in the same statement, so a runner holding
+        an older view of the job starts nothing after its end)."""
         now = time.time()
         rows = await self.store.run(
             "UPDATE batch_lines SET state = 'running', owner = ?, lease_until = ? "
             f"WHERE batch_id = ? AND {_CLAIMABLE} AND line = (SELECT line FROM batch_lines "
             f"WHERE batch_id = ? AND {_CLAIMABLE} ORDER BY line LIMIT 1{self._skip}) "
-            "RETURNING line, custom_id, body",
-            (self.owner, now + self.lease_s, job_id, now, job_id, now))
+            "AND EXISTS (SELECT 1 FROM batches WHERE id = ? AND status = 'in_progress' "
+            "AND expires_at > ?) RETURNING line, custom_id, body",
+            (self.owner, now + self.lease_s, job_id, now, job_id, now, job_id, now))
         if not rows:
             return None
         line, custom_id, body = rows[0]
