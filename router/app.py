@@ -301,7 +301,8 @@ def start_fleet(gw: Gateway) -> None:
         lambda name: gw.backends[name].clock.holds.mean_s,
         lambda name: gw.backends[name].pool.queued,
         lambda name: sum(not r.retired for r in gw.backends[name].replicas.values()),
-        SharedDemand(gw.coordinator) if gw.coordinator is not None else None)
+        SharedDemand(gw.coordinator) if gw.coordinator is not None else None,
+        lambda name: gw.backends[name].pool.active)
     gw.fleet.start()
     gw.metrics.registry.register(FleetCollector(gw.fleet))
 

@@ -1,7 +1,10 @@
 """The desired replica count of each backend with `scaling` (#34), computed every
-`fleet.refresh_s` from what the gateway holds: the requests that let a slot go since the
-last look (their rate), the clock's mean hold, the line, and the `standard` class's time to
-first token (policies/fleet/desired.py). Read by `slotgate_desired_replicas` and by
+`fleet.refresh_s` from what the gateway holds: the rate of arrivals since the last look
+(the requests that let a slot go, plus the growth of those holding or waiting for one:
+what came in is what left plus what stayed), the clock's mean hold, the line, and the
+`standard` class's time to first token (policies/fleet/desired.py). Counting the slots let
+go alone would lag the arrivals by a hold, could not exceed what the replicas in service
+serve, and would spike while new replicas clear a backlog. Read by `slotgate_desired_replicas` and by
 `GET /admin/scaling`, which KEDA's metrics-api scaler polls. Nothing on the request path:
 a background task reads counters the requests already keep.
 
@@ -17,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -45,12 +48,16 @@ class Reading:
 class FleetSignals:
     def __init__(self, config: Callable[[], Config], released: Callable[[str], float],
                  hold_s: Callable[[str], float], queued: Callable[[str], int],
-                 replicas: Callable[[str], int], shared: SharedDemand | None = None) -> None:
+                 replicas: Callable[[str], int], shared: SharedDemand | None = None,
+                 active: Callable[[str], int] = lambda _: 0) -> None:
         """`released`: a backend's count of slots let go so far; `hold_s`: its clock's
         mean hold; `queued`: its line now; `replicas`: its endpoints now; `shared`: the
-        other gateways' figures (Redis coordination)."""
+        other gateways' figures (Redis coordination); `active`: its slots held now (with
+        Redis, as `queued`, the whole fleet's)."""
         self.config, self.released, self.hold_s = config, released, hold_s
         self.queued, self.replicas, self.shared = queued, replicas, shared
+        self.active = active
+        self._backlog: dict[str, tuple[float, int]] = {}  # backend -> (monotonic, held+queued)
         self.desired: dict[str, DesiredReplicas] = {}
         self.readings: dict[str, Reading] = {}
         self._seen: dict[str, tuple[float, float]] = {}  # backend -> (monotonic, released)
@@ -79,7 +86,7 @@ class FleetSignals:
         """Compute every scaled backend's count now, from this gateway's figures."""
         now = time.monotonic()
         for name in self._scaled():
-            self._record(name, now, self._own(name, now), "gateway")
+            self._record(name, now, self._grown(name, now, self._own(name, now)), "gateway")
         self._looked()
 
     async def refresh(self) -> None:
@@ -98,7 +105,7 @@ class FleetSignals:
                 log.debug("fleet figures of %s not shared (%s): this gateway's own", name, exc)
             else:
                 demand, scope = summed(demand, shares), "fleet"
-            self._record(name, now, demand, scope)
+            self._record(name, now, self._grown(name, now, demand), scope)
         self._looked()
 
     def _scaled(self) -> list[str]:
@@ -129,6 +136,17 @@ class FleetSignals:
         rate = (released - before) / (now - then) if now > then else 0.0
         objective = self.config().slo.of(Priority.STANDARD).ttft_s
         return Demand(rate, self.hold_s(name), self.queued(name), objective)
+
+    def _grown(self, name: str, now: float, demand: Demand) -> Demand:
+        """`demand` with the growth of the backlog (held and queued) since the last look
+        added to its rate: the arrivals, not only the departures. The backlog is the
+        pool's, the fleet's with Redis: added once, after the gateways' rates are summed."""
+        backlog = self.active(name) + demand.queued
+        then, before = self._backlog.get(name, (now, backlog))
+        self._backlog[name] = (now, backlog)
+        if now <= then:
+            return demand
+        return replace(demand, rate=max(0.0, demand.rate + (backlog - before) / (now - then)))
 
     def _record(self, name: str, now: float, demand: Demand, scope: str) -> None:
         desired = self.desired[name].update(now, demand)
