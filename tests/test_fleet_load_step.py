@@ -7,7 +7,8 @@ holding their slots (a line of four), the second the slots they let go and the l
 replica cannot serve. Given those replicas by a reload, the count settles there once the
 line is gone (the rate alone: 16/s x 0.5 s = 8 slots); stepped back down, the cool-down
 keeps it for a while, then it falls to the floor. Looks are counted through
-`FleetSignals.looked`; the arrivals' pacing is the load itself, not a wait for anything."""
+`FleetSignals.looked`; the arrivals' pacing is the load itself, not a wait for anything.
+The same with the pool shared through Redis: the count from the fleet's figures there."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 
 from router.app import RunningGateway
 from router.config import config_from_dict
 from router.fleet.signals import FleetSignals, Reading
 from router.reload import apply
-from tests.support import MESSAGES, StartGateway, assert_idle
+from tests.support import MESSAGES, RedisServer, StartGateway, assert_idle
 
 SLOTS = 4
 HOLD_S = 0.5  # ttft 0.1 s, then 8 more tokens at 20 per second
@@ -35,7 +37,17 @@ COOLDOWN_S = 1.0
 NEEDED = math.ceil(2 * CAPACITY * HOLD_S / (SLOTS * UTILIZATION))
 
 
-def config(replicas: int) -> dict[str, Any]:
+@pytest.fixture(params=["local", "redis"])
+def coordination(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The pool kept in this process, or shared through a private redis-server (the
+    count then from the fleet's figures in Redis)."""
+    if request.param == "local":
+        return {}
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return {"coordination": {"mode": "redis", "url": server.url}}
+
+
+def config(replicas: int, coordination: dict[str, Any]) -> dict[str, Any]:
     endpoints = [{"name": f"r{i}", "simulated": SIM, "slots": SLOTS} for i in range(replicas)]
     big = {"model": "m", "endpoints": endpoints, "pick": "least_loaded", "queue_limit": 200,
            "initial_hold_s": HOLD_S,
@@ -43,7 +55,8 @@ def config(replicas: int) -> dict[str, Any]:
                        "cooldown_s": COOLDOWN_S}}
     return {"backends": {"big": big},
             "routes": {"chat": {"primary": "big", "overflow": "reject"}},
-            "fleet": {"refresh_s": REFRESH_S}, "slo": {"standard": {"ttft_s": 1.0}}}
+            "fleet": {"refresh_s": REFRESH_S}, "slo": {"standard": {"ttft_s": 1.0}},
+            **coordination}
 
 
 class OpenLoop:
@@ -107,9 +120,10 @@ async def until(fleet: FleetSignals, wanted: Callable[[Reading], bool], within: 
 
 
 async def test_a_step_to_twice_the_capacity_asks_for_the_replicas_it_needs(
-        start: StartGateway, http: aiohttp.ClientSession) -> None:
+        start: StartGateway, http: aiohttp.ClientSession,
+        coordination: dict[str, Any]) -> None:
     assert NEEDED == 3
-    gw = await start(config(1))
+    gw = await start(config(1, coordination))
     fleet = signals(gw)
     traffic = OpenLoop(http, gw.url, 0.3 * CAPACITY)
     calm = await looks(fleet, 4)
@@ -118,7 +132,9 @@ async def test_a_step_to_twice_the_capacity_asks_for_the_replicas_it_needs(
     traffic.step(2 * CAPACITY)  # just after a look: the next one sees the new rate
     stepped = await until(fleet, lambda r: r.desired >= NEEDED, within=2)
     assert stepped[-1].demand.queued > 0  # one replica cannot serve it: a line forms
-    await apply(gw.gateway, config_from_dict(config(NEEDED)))  # the autoscaler's answer
+    assert stepped[-1].scope == ("fleet" if coordination else "gateway")
+    # the autoscaler's answer
+    await apply(gw.gateway, config_from_dict(config(NEEDED, coordination)))
     # the line gone, the rate alone asks for the same count: 16/s x 0.5 s = 8 slots
     settled = await until(fleet, lambda r: r.desired == NEEDED and r.demand.queued == 0,
                           within=int(COOLDOWN_S / REFRESH_S) + 8)
