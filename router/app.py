@@ -292,9 +292,9 @@ async def start_own_work(gw: Gateway, host: str, port: int) -> None:
 
 
 def start_fleet(gw: Gateway) -> None:
-    """The desired replica counts, when some backend has `scaling` (docs/autoscaling.md)."""
-    if not any(b.scaling is not None for b in gw.config.backends.values()):
-        return
+    """The desired replica counts of the backends with `scaling` (docs/autoscaling.md):
+    started whatever the config, so that a reload adding `scaling` is counted at the next
+    look (a look with none to count does nothing)."""
     holding = gw.metrics.holding
     gw.fleet = FleetSignals(
         lambda: gw.config, lambda name: sum(holding.series((name,))[:-1]),

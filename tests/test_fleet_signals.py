@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from router.app import RunningGateway
 from router.common.config_error import ConfigError
 from router.config import config_from_dict
+from router.reload import apply
 from tests.support import (
     MESSAGES,
     SdkClients,
@@ -69,10 +70,30 @@ async def test_a_line_that_cannot_start_in_time_asks_for_replicas(
 async def test_without_scaling_there_is_no_count(start: StartGateway,
                                                  http: aiohttp.ClientSession) -> None:
     gw = await start(gateway_config(sim_backend("m", slots=2)))
-    assert gw.gateway.fleet is None
     async with http.get(gw.url + "/admin/scaling") as resp:
         assert resp.status == 404
         assert (await resp.json())["error"]["code"] == "scaling_disabled"
+    async with http.get(gw.url + "/metrics") as resp:
+        assert "slotgate_desired_replicas{" not in await resp.text()
+
+
+async def test_a_reload_that_adds_scaling_is_counted(start: StartGateway,
+                                                     http: aiohttp.ClientSession) -> None:
+    raw = gateway_config(sim_backend("m", slots=2))
+    gw = await start(raw)
+    fleet = gw.gateway.fleet
+    assert fleet is not None
+    raw["backends"]["big"]["scaling"] = {"floor": 2, "ceiling": 4}
+    await apply(gw.gateway, config_from_dict(raw))
+    fleet.look()
+    async with http.get(gw.url + "/admin/scaling") as resp:
+        assert resp.status == 200
+        assert (await resp.json())["backends"]["big"]["desired"] == 2  # its floor
+    del raw["backends"]["big"]["scaling"]
+    await apply(gw.gateway, config_from_dict(raw))
+    fleet.look()
+    assert fleet.readings == {}  # taken away: no count of it left
+    await assert_idle(gw)
 
 
 def test_a_floor_above_the_ceiling_is_refused() -> None:

@@ -43,7 +43,7 @@ async def scaling(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     try:
         admin(request)
-        if gw.fleet is None:
+        if gw.fleet is None or all(b.scaling is None for b in gw.config.backends.values()):
             raise ApiError(404, "No backend has `scaling` in the config.",
                            code="scaling_disabled")
     except ApiError as err:

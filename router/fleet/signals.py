@@ -153,6 +153,9 @@ class FleetSignals:
         self.readings[name] = Reading(demand, desired, self.replicas(name), time.time(), scope)
 
     def _looked(self) -> None:
+        scaled = {n for n, b in self.config().backends.items() if b.scaling is not None}
+        for gone in self.readings.keys() - scaled:  # a reload took its `scaling` away
+            del self.readings[gone]
         self.looked.set()
         self.looked = asyncio.Event()
 
