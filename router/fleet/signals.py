@@ -4,8 +4,9 @@
 what came in is what left plus what stayed), the clock's mean hold, the line, and the
 `standard` class's time to first token (policies/fleet/desired.py). Counting the slots let
 go alone would lag the arrivals by a hold, could not exceed what the replicas in service
-serve, and would spike while new replicas clear a backlog. Read by `slotgate_desired_replicas` and by
-`GET /admin/scaling`, which KEDA's metrics-api scaler polls. Nothing on the request path:
+serve, and would spike while new replicas clear a backlog. Read by
+`slotgate_desired_replicas` and by `GET /admin/scaling`, which KEDA's metrics-api scaler
+polls. Nothing on the request path:
 a background task reads counters the requests already keep.
 
 With Redis coordination the figures of every gateway sharing it are summed (`shared`,
