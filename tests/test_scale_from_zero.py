@@ -76,8 +76,10 @@ async def cold_group(tmp_path: Path, hook: Hook, **discover: Any) -> dict[str, A
     urls.write_text(f"http://127.0.0.1:{hook.port}/v1 engine-0\n")
     found = {"file": str(urls), "slots": 2, "refresh_s": 0.05, "check_s": 0.05,
              "warmup_s": 20, "wake_url": f"{url}/wake", **discover}
-    return {"backends": {"big": {"model": "m", "discover": found, "queue_limit": 8}},
-            "routes": {"chat": {"primary": "big", "overflow": "reject"}}}
+    return {"backends": {"big": {"model": "m", "discover": found, "queue_limit": 8,
+                                 "scaling": {"floor": 0, "ceiling": 4}}},
+            "routes": {"chat": {"primary": "big", "overflow": "reject"}},
+            "fleet": {"refresh_s": 3600}}  # no look of its own: the wake's is seen
 
 
 async def read_events(resp: aiohttp.ClientResponse) -> list[tuple[str, str]]:
@@ -129,7 +131,10 @@ async def test_a_group_that_stays_cold_answers_503_after_its_warmup_bound(
         async with http.post(f"{gw.url}/v1/chat/completions", json=body) as resp:
             return resp.status, dict(resp.headers), await resp.json()
 
+    fleet = gw.gateway.fleet
+    assert fleet is not None and fleet.readings["big"].desired == 0  # scaled to zero
     first, second = await asyncio.gather(ask(), ask())
+    assert fleet.readings["big"].desired >= 1  # the wake: the gauge off 0 at once
     for status, headers, answer in (first, second):
         assert status == 503 and headers["x-slotgate-reject-reason"] == "warmup_timeout"
         assert int(headers["Retry-After"]) >= 1

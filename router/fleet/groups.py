@@ -146,7 +146,7 @@ class DiscoveredGroups:
             log.warning("backend %s is cold (no replica ready): waking it for %d waiting",
                         backend.name, pool.queued)
             if self.gw.fleet is not None:
-                self.gw.fleet.look()  # a scaled-to-zero backend now asks for one
+                self.gw.fleet.wake(backend.name)  # scaled to zero: it asks for one now
             url = self.gw.config.backends[backend.name].discover
             if url is not None and url.wake_url is not None:
                 hook = asyncio.ensure_future(_wake(str(url.wake_url), backend.name,

@@ -90,6 +90,17 @@ class FleetSignals:
             self._record(name, now, self._grown(name, now, self._own(name, now)), "gateway")
         self._looked()
 
+    def wake(self, name: str) -> None:
+        """A cold backend's first waiter (router/fleet/groups.py): its count now, from the
+        rate of the last look and the line now (a rate over the instants since that look
+        would mean nothing), so a scaled-to-zero backend asks for one at once."""
+        last = self.readings.get(name)
+        if last is None or name not in self.desired:
+            return
+        self._record(name, time.monotonic(), replace(last.demand, queued=self.queued(name)),
+                     last.scope)
+        self._looked()
+
     async def refresh(self) -> None:
         """A look; with Redis, from the figures of every gateway sharing it (this
         gateway's alone, and said so, while Redis does not answer)."""
