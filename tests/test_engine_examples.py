@@ -24,6 +24,7 @@ SLOTS_FLAG = {
     "serverless-fallback.yaml": r"--max-num-seqs (\d+)",  # its self-hosted primary
     "vllm-replicas.yaml": r"--max-num-seqs (\d+)",  # on every replica
     "k8s-headless-replicas.yaml": r"--max-num-seqs (\d+)",
+    "k8s-discovered-replicas.yaml": r"--max-num-seqs (\d+)",  # each pod found
 }
 FILES = sorted(EXAMPLES.glob("*.yaml"))
 
@@ -49,6 +50,8 @@ def test_slots_match_the_engine_flag(path: Path) -> None:
     config = load_config(path)
     name, first = next(iter(config.backends.items()))  # the self-hosted engine comes first
     slots = {replica.slots for replica in first.replicas(name)}  # on every replica
+    if first.discover is not None:  # the replicas found, each with the same slots
+        slots = {first.discover.slots}
     flag = SLOTS_FLAG[path.name]
     if flag is None:
         assert slots == {1}
