@@ -87,9 +87,13 @@ class DiscoveredGroups:
             config = self.gw.config.backends.get(name)
             if config is None or config.discover is None:
                 return  # removed by a reload, or no longer discovered (a restart's change)
-            found = await find(config.discover)
-            if found is not None:
-                await self.apply(name, config, found)
+            try:
+                found = await find(config.discover)
+                if found is not None:
+                    await self.apply(name, config, found)
+            except Exception:  # a bug here must not end discovery for good: log, go on
+                log.exception("discovery of backend %s failed; the group is kept as it "
+                              "was and looked up again next time", name)
             self.refreshed.set()
             self.refreshed = asyncio.Event()
             with contextlib.suppress(TimeoutError):
