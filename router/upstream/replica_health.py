@@ -11,9 +11,9 @@ its line moves to the route's fallbacks as a failed single engine's does. A repl
 while its siblings serve the group (the last one left cools the backend, as one engine).
 
 A replica found by discovery (router/fleet/discovery.py) joins unready: its health check
-runs every `check_s` until it passes, and only then do its slots serve the line (`ready`
-resolves). Until one does, the group is cold, not failing: its breaker stays closed and
-its line waits (policies/fleet/warmup.py).
+runs every `check_s` until it passes, and only then do its slots serve the line. Until one
+does, the group is cold, not failing: its breaker stays closed and its line waits
+(policies/fleet/warmup.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class ReplicaHealth:
         self._probers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._cooling: dict[tuple[str, str], asyncio.TimerHandle] = {}  # after their 429
         self._readying: dict[tuple[str, str], asyncio.Task[None]] = {}  # first checks
-        self._waiting_ready: dict[str, list[asyncio.Future[str]]] = {}
 
     def add(self, backend: str, replica: str, config: BackendConfig,
             pool: SlotPool, check_s: float | None = None) -> CircuitBreaker:
@@ -75,22 +74,8 @@ class ReplicaHealth:
                 await asyncio.sleep(check_s)  # the readiness schedule
             log.info("replica %s of backend %s is ready", replica, backend)
             self._pools[backend].set_healthy(replica, True)
-            for ready in self._waiting_ready.pop(backend, ()):
-                if not ready.done():
-                    ready.set_result(replica)
         finally:
             self._readying.pop((backend, replica), None)
-
-    def checking(self, backend: str) -> int:
-        """The replicas of `backend` found and not ready yet."""
-        return sum(b == backend for b, _ in self._readying)
-
-    def ready(self, backend: str) -> asyncio.Future[str]:
-        """Resolved with the name of the next replica of `backend` to pass its first
-        health check."""
-        future = asyncio.get_running_loop().create_future()
-        self._waiting_ready.setdefault(backend, []).append(future)
-        return future
 
     def forget(self, backend: str, replica: str) -> None:
         """`replica` is gone (discovery no longer finds it): no more checks of it."""
